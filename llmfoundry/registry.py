@@ -1,0 +1,97 @@
+"""Named builders: the one place that maps a name in a YAML recipe to the code that builds it.
+
+Each kind of component (models, dataloaders, optimizers, ...) has a ``Registry``. A builder registers with the
+dataclass that describes its config section, so that the config schema can validate the section before anything
+is built::
+
+    @models.register("mpt_causal_lm", config=MPTModelSettings)
+    def build_mpt(settings: MPTModelSettings, tokenizer) -> nn.Module: ...
+
+Third-party packages add builders through entry points in the group ``llmfoundry.<kind>`` (for example
+``llmfoundry.models``); each entry point names a builder that was decorated with ``register`` or a module that
+registers on import.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Any
+
+from llmfoundry.config.errors import ConfigError, did_you_mean
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    builder: Callable[..., Any]
+    config: type | None  # a dataclass describing the builder's config section (without its `name` key)
+
+
+class Registry:
+    """A name -> builder table for one kind of component."""
+
+    def __init__(self, kind: str, *, provider_modules: tuple[str, ...] = ()):
+        self.kind = kind
+        # Modules whose import registers the built-in builders; imported on first lookup so that importing
+        # the registry stays cheap and free of cycles.
+        self._provider_modules = provider_modules
+        self._entries: dict[str, Entry] = {}
+        self._loaded = False
+
+    def register(self, name: str, *, config: type | None = None) -> Callable[[Callable], Callable]:
+        def decorator(builder: Callable) -> Callable:
+            existing = self._entries.get(name)
+            if existing is not None and existing.builder is not builder:
+                raise ValueError(f"{self.kind} '{name}' is registered twice")
+            self._entries[name] = Entry(name, builder, config)
+            return builder
+
+        return decorator
+
+    def _load(self) -> None:
+        if self._loaded:
+            return
+        self._loaded = True
+        for module in self._provider_modules:
+            importlib.import_module(module)
+        for entry_point in entry_points(group=f"llmfoundry.{self.kind}"):
+            loaded = entry_point.load()
+            if callable(loaded) and entry_point.name not in self._entries:
+                self.register(entry_point.name)(loaded)
+
+    def names(self) -> list[str]:
+        self._load()
+        return sorted(self._entries)
+
+    def __contains__(self, name: str) -> bool:
+        self._load()
+        return name in self._entries
+
+    def get(self, name: str, *, key: str | None = None) -> Entry:
+        """The entry for ``name``; an unknown name is a ConfigError that lists the valid names.
+
+        ``key`` is the config path that held the name (e.g. ``model.name``), used in the message.
+        """
+        self._load()
+        if name not in self._entries:
+            where = f"{key}: " if key else ""
+            valid = ", ".join(self.names()) or "(none registered)"
+            raise ConfigError(
+                f"{where}unknown {self.kind} '{name}'{did_you_mean(str(name), self._entries)}; valid names: {valid}"
+            )
+        return self._entries[name]
+
+
+models = Registry("models", provider_modules=("llmfoundry.models",))
+tokenizers = Registry("tokenizers", provider_modules=("llmfoundry.data.tokenizers",))
+dataloaders = Registry("dataloaders", provider_modules=("llmfoundry.data",))
+optimizers = Registry("optimizers", provider_modules=("llmfoundry.train.optim",))
+schedulers = Registry("schedulers", provider_modules=("llmfoundry.train.schedules",))
+algorithms = Registry("algorithms", provider_modules=("llmfoundry.train.algorithms",))
+callbacks = Registry("callbacks", provider_modules=("llmfoundry.train.callbacks",))
+loggers = Registry("loggers", provider_modules=("llmfoundry.train.loggers",))
+icl_task_types = Registry("icl_task_types", provider_modules=("llmfoundry.eval.icl",))
+metrics = Registry("metrics", provider_modules=("llmfoundry.eval.icl",))
