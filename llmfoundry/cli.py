@@ -1,0 +1,55 @@
+"""`llmfoundry <command> ...`: dispatches to the `main(argv)` of the module that owns the command."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from llmfoundry.config.errors import ConfigError
+
+# command -> (module with `main(argv: list[str]) -> int`, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("llmfoundry.train.main", "train from a YAML recipe: llmfoundry train RECIPE.yaml [key=value ...]"),
+    "eval": ("llmfoundry.eval.main", "score models on ICL tasks and the gauntlet: llmfoundry eval RECIPE.yaml"),
+    "convert": ("llmfoundry.models.convert", "export a checkpoint to a Hugging Face folder"),
+    "generate": ("llmfoundry.inference.generate", "generate text from a checkpoint or Hugging Face folder"),
+    "chat": ("llmfoundry.inference.chat", "chat with a model in the terminal"),
+    "data": ("llmfoundry.data.prep.cli", "prepare datasets as MDS shards: llmfoundry data {text,json,hf,finetuning}"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: llmfoundry <command> [args]", "", "commands:"]
+    lines += [f"  {name:<10} {help_}" for name, (_, help_) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def run_main(main, argv: list[str]) -> int:
+    """Run a command's main; bad user input becomes a clear message and exit code 2, with no traceback."""
+    try:
+        return int(main(argv) or 0)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        from llmfoundry.config.errors import did_you_mean
+
+        print(f"error: unknown command '{command}'{did_you_mean(command, COMMANDS)}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[command][0])
+    return run_main(module.main, rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
