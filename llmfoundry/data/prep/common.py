@@ -1,0 +1,351 @@
+"""What every converter shares: object-store paths, the token dtype, tokenizing in parallel, concatenated MDS.
+
+A pretraining MDS dataset holds one column, ``tokens``: fixed-length arrays of ``concat_tokens`` token ids in the
+smallest unsigned integer dtype that holds every id of the tokenizer (``uint16`` for vocabularies up to 65,536).
+Documents are tokenized, each wrapped as ``bos_text + document + eos_text``, concatenated, and cut into samples;
+a sample may hold the end of one document and the start of the next (``--no_wrap`` drops the rest of a document
+instead of carrying it into the next sample). Tokens left over at the end (fewer than one sample) are dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from llmfoundry.config.errors import ConfigError
+
+TOKENS_COLUMN = "tokens"
+
+
+# ----------------------------------------------------------------------------------------------- paths and storage
+def is_remote(path: str) -> bool:
+    return "://" in str(path)
+
+
+def split_s3(url: str) -> tuple[str, str]:
+    """``s3://bucket/a/b`` -> (``bucket``, ``a/b``)."""
+    if not url.startswith("s3://"):
+        raise ConfigError(f"{url}: only local folders and s3:// URLs are supported as remote paths")
+    bucket, _, key = url[len("s3://") :].partition("/")
+    return bucket, key.strip("/")
+
+
+def s3_client():
+    """A boto3 S3 client for AWS or any S3-compatible store (endpoint from ``S3_ENDPOINT_URL``)."""
+    import boto3
+
+    return boto3.session.Session().client("s3", endpoint_url=os.environ.get("S3_ENDPOINT_URL") or None)
+
+
+def join(root: str, *parts: str) -> str:
+    if is_remote(root):
+        return "/".join([root.rstrip("/")] + [p.strip("/") for p in parts])
+    return os.path.join(root, *parts)
+
+
+def read_bytes(path: str) -> bytes | None:
+    """A file's bytes, local or s3://; None when it does not exist."""
+    if is_remote(path):
+        bucket, key = split_s3(path)
+        client = s3_client()
+        try:
+            return client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        except client.exceptions.NoSuchKey:
+            return None
+        except Exception as error:  # botocore ClientError 404 on some stores
+            if "404" in str(error) or "NoSuchKey" in str(error):
+                return None
+            raise
+    if not os.path.isfile(path):
+        return None
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def write_bytes(path: str, data: bytes) -> None:
+    """Write a file, local (atomically, by rename) or s3://."""
+    if is_remote(path):
+        bucket, key = split_s3(path)
+        s3_client().put_object(Bucket=bucket, Key=key, Body=data)
+        return
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def list_files(root: str, suffixes: tuple[str, ...]) -> list[str]:
+    """Files under ``root`` (recursively, sorted) whose names end with one of ``suffixes``; local or s3://."""
+    if is_remote(root):
+        bucket, prefix = split_s3(root)
+        paginator = s3_client().get_paginator("list_objects_v2")
+        found = []
+        for page in paginator.paginate(Bucket=bucket, Prefix=f"{prefix}/" if prefix else ""):
+            for item in page.get("Contents", []):
+                if item["Key"].endswith(suffixes):
+                    found.append(f"s3://{bucket}/{item['Key']}")
+        return sorted(found)
+    found = []
+    for folder, _, names in os.walk(root):
+        found += [os.path.join(folder, n) for n in names if n.endswith(suffixes)]
+    return sorted(found)
+
+
+def remove_tree(root: str) -> None:
+    if is_remote(root):
+        bucket, prefix = split_s3(root)
+        client = s3_client()
+        paginator = client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=bucket, Prefix=f"{prefix}/" if prefix else ""):
+            keys = [{"Key": item["Key"]} for item in page.get("Contents", [])]
+            if keys:
+                client.delete_objects(Bucket=bucket, Delete={"Objects": keys})
+        return
+    import shutil
+
+    shutil.rmtree(root, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------------------------- tokens
+def vocab_size_of(tokenizer) -> int:
+    """One more than the largest id the tokenizer can produce (added tokens included)."""
+    return max(len(tokenizer), max(tokenizer.get_vocab().values()) + 1)
+
+
+def tokens_dtype(vocab_size: int) -> np.dtype:
+    """The smallest unsigned integer dtype that holds the ids 0 .. vocab_size - 1."""
+    for dtype in (np.uint8, np.uint16, np.uint32):
+        if vocab_size - 1 <= np.iinfo(dtype).max:
+            return np.dtype(dtype)
+    return np.dtype(np.int64)
+
+
+def require_eos(tokenizer, flag: str = "--tokenizer") -> None:
+    if tokenizer.eos_token_id is None:
+        raise ConfigError(f"{flag}: the tokenizer has no EOS token; pass --tokenizer_kwargs '{{\"eos_token\": \"...\"}}'")
+
+
+@dataclass
+class ConcatSpec:
+    """How documents become fixed-length token samples."""
+
+    concat_tokens: int
+    bos_text: str = ""
+    eos_text: str = ""
+    no_wrap: bool = False
+
+
+def _text_ids(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+
+
+class _Encoder:
+    """Tokenizes a batch of documents into one flat array plus per-document lengths (picklable for workers)."""
+
+    def __init__(self, tokenizer, spec: ConcatSpec):
+        self.tokenizer = tokenizer
+        self.bos = _text_ids(tokenizer, spec.bos_text)
+        self.eos = _text_ids(tokenizer, spec.eos_text)
+
+    def __call__(self, docs: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        encoded = self.tokenizer(docs, add_special_tokens=False)["input_ids"] if docs else []
+        pieces, lengths = [], np.empty(len(encoded), dtype=np.int64)
+        bos, eos = np.asarray(self.bos, dtype=np.int64), np.asarray(self.eos, dtype=np.int64)
+        for i, ids in enumerate(encoded):
+            pieces += [bos, np.asarray(ids, dtype=np.int64), eos]
+            lengths[i] = len(bos) + len(ids) + len(eos)
+        flat = np.concatenate(pieces) if pieces else np.empty(0, dtype=np.int64)
+        return flat, lengths
+
+
+_worker_encoder: _Encoder | None = None
+
+
+def _init_worker(encoder: _Encoder) -> None:
+    global _worker_encoder
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one process per core already
+    _worker_encoder = encoder
+
+
+def _encode_in_worker(docs: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    assert _worker_encoder is not None
+    return _worker_encoder(docs)
+
+
+def batched(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    batch: list[Any] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def mp_context():
+    """fork where available (fast start, inherits the loaded tokenizer); spawn elsewhere."""
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+
+
+def encode_batches(
+    docs: Iterable[str], tokenizer, spec: ConcatSpec, *, processes: int = 1, docs_per_batch: int = 256
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(flat token ids, per-document lengths) for consecutive batches of ``docs``, in order."""
+    encoder = _Encoder(tokenizer, spec)
+    batches = batched(docs, docs_per_batch)
+    if processes <= 1:
+        yield from map(encoder, batches)
+        return
+    with mp_context().Pool(processes, initializer=_init_worker, initargs=(encoder,)) as pool:
+        yield from pool.imap(_encode_in_worker, batches, chunksize=1)
+
+
+class ConcatWriter:
+    """Cuts a stream of tokenized documents into ``concat_tokens``-long samples and writes them as MDS."""
+
+    def __init__(self, out: str, spec: ConcatSpec, vocab_size: int, compression: str | None = None, **writer_kwargs):
+        from llmfoundry.data.streaming_guard import import_streaming
+
+        streaming = import_streaming()
+        if spec.concat_tokens <= 0:
+            raise ConfigError(f"--concat_tokens: expected a positive sample length, got {spec.concat_tokens}")
+        self.spec = spec
+        self.dtype = tokens_dtype(vocab_size)
+        self.vocab_size = vocab_size
+        columns = {TOKENS_COLUMN: f"ndarray:{self.dtype.name}:{spec.concat_tokens}"}
+        self.writer = streaming.MDSWriter(
+            columns=columns, out=out, compression=compression or None, exist_ok=True, **writer_kwargs
+        )
+        self.carry = np.empty(0, dtype=np.int64)
+        self.samples = 0
+        self.tokens_in = 0
+        self.documents = 0
+
+    def add(self, flat: np.ndarray, lengths: np.ndarray) -> None:
+        self.tokens_in += int(flat.size)
+        self.documents += int(lengths.size)
+        if flat.size and int(flat.max()) >= self.vocab_size:
+            raise ConfigError(f"token id {int(flat.max())} >= vocabulary size {self.vocab_size} (tokenizer mismatch)")
+        length = self.spec.concat_tokens
+        if not self.spec.no_wrap:
+            buffer = np.concatenate([self.carry, flat]) if self.carry.size else flat
+            whole = buffer.size // length
+            for row in buffer[: whole * length].reshape(whole, length):
+                self._write(row)
+            self.carry = buffer[whole * length :].copy()
+            return
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        for start, end in zip(offsets[:-1], offsets[1:]):
+            buffer = np.concatenate([self.carry, flat[start:end]])
+            whole = buffer.size // length
+            for row in buffer[: whole * length].reshape(whole, length):
+                self._write(row)
+            # no_wrap: a document that filled a sample does not continue into the next one
+            self.carry = buffer[whole * length :].copy() if whole == 0 else np.empty(0, dtype=np.int64)
+
+    def _write(self, row: np.ndarray) -> None:
+        self.writer.write({TOKENS_COLUMN: row.astype(self.dtype)})
+        self.samples += 1
+
+    def finish(self) -> None:
+        self.writer.finish()
+
+
+class Progress:
+    """A progress bar on stderr (tqdm) that counts documents and shows tokens/s."""
+
+    def __init__(self, desc: str, total: int | None = None, unit: str = "doc", disable: bool | None = None):
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True, file=sys.stderr, disable=disable)
+
+    def update(self, n: int, tokens: int | None = None, **postfix) -> None:
+        self.bar.update(n)
+        if postfix:
+            self.bar.set_postfix(postfix, refresh=False)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def write_concatenated(
+    docs: Iterable[str],
+    tokenizer,
+    out: str,
+    spec: ConcatSpec,
+    *,
+    compression: str | None = None,
+    processes: int = 1,
+    desc: str = "tokenizing",
+    total: int | None = None,
+    show_progress: bool | None = None,
+) -> dict[str, int]:
+    """Tokenize ``docs`` (in ``processes`` worker processes), concatenate, write MDS to ``out`` (local or s3://)."""
+    require_eos(tokenizer)
+    writer = ConcatWriter(out, spec, vocab_size_of(tokenizer), compression)
+    bar = Progress(desc, total=total, disable=None if show_progress is None else not show_progress)
+    try:
+        for flat, lengths in encode_batches(docs, tokenizer, spec, processes=processes):
+            writer.add(flat, lengths)
+            bar.update(int(lengths.size), samples=writer.samples)
+    finally:
+        bar.close()
+    writer.finish()
+    return {"documents": writer.documents, "tokens": writer.tokens_in, "samples": writer.samples}
+
+
+def parse_json_kwargs(text: str | None, flag: str) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{flag}: not valid JSON ({error.msg} at column {error.colno}): {text}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{flag}: expected a JSON object like '{{\"model_max_length\": 2048}}', got {text}")
+    return value
+
+
+def default_processes() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+
+
+def check_output_empty(out: str, overwrite: bool = False) -> None:
+    """Refuse to mix a new conversion into an existing MDS folder."""
+    if read_bytes(join(out, "index.json")) is not None and not overwrite:
+        raise ConfigError(f"{out}: already holds an MDS dataset (index.json); choose another output or delete it")
+
+
+def callable_from_spec(spec: str, flag: str) -> Callable:
+    """``module:function`` or ``path/to/file.py:function`` -> the function."""
+    import importlib
+    import importlib.util
+
+    module_name, _, function_name = spec.partition(":")
+    if not function_name:
+        raise ConfigError(f"{flag}: expected 'module:function' or 'file.py:function', got '{spec}'")
+    try:
+        if module_name.endswith(".py"):
+            loader_spec = importlib.util.spec_from_file_location("_llmfoundry_user_preprocessor", module_name)
+            if loader_spec is None or loader_spec.loader is None or not os.path.isfile(module_name):
+                raise ImportError(f"no file {module_name}")
+            module = importlib.util.module_from_spec(loader_spec)
+            loader_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ConfigError(f"{flag}: cannot import '{module_name}' ({error})") from None
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise ConfigError(f"{flag}: '{module_name}' has no function '{function_name}'")
+    return function

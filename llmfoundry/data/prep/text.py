@@ -1,0 +1,188 @@
+"""A folder of ``.txt`` files (local or s3://) -> tokenized, concatenated MDS shards (local or s3://).
+
+Each file is one document. Files are split into groups (the plan is saved with the output); each group is
+converted by one worker process into its own sub-folder (``part-00000/``...), and a group is marked done in
+``llmfoundry_progress.json`` as soon as its shards are written. Running the same command again skips the groups
+that are done, so an interrupted conversion picks up where it stopped; ``--reprocess`` starts over. When all
+groups are done, a root ``index.json`` that lists every group's shards makes the output one MDS dataset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import time
+from dataclasses import asdict
+
+from llmfoundry.config.errors import ConfigError
+from llmfoundry.data.prep import common
+from llmfoundry.data.prep.common import ConcatSpec
+
+PROGRESS_FILE = "llmfoundry_progress.json"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--input_folder", required=True, help="folder of .txt files, local or s3://bucket/prefix")
+    parser.add_argument("--output_folder", required=True, help="MDS output folder, local or s3://bucket/prefix")
+    parser.add_argument("--concat_tokens", type=int, required=True, help="tokens per sample")
+    parser.add_argument("--tokenizer", required=True, help="HF tokenizer id/folder, .model file, or tiktoken")
+    parser.add_argument("--tokenizer_kwargs", default=None, help="JSON object of tokenizer kwargs")
+    parser.add_argument("--bos_text", default="", help="text put before every document (e.g. the BOS token)")
+    parser.add_argument("--eos_text", default=None, help="text put after every document (default: the EOS token)")
+    parser.add_argument("--no_wrap", action="store_true", help="drop the rest of a document instead of wrapping it")
+    parser.add_argument("--compression", default="zstd", help="shard compression (zstd, gz, ...; 'none' for none)")
+    parser.add_argument("--processes", "--num_workers", type=int, default=None, help="worker processes (default: all cores)")
+    parser.add_argument("--files_per_group", type=int, default=None, help="files per resumable unit of work")
+    parser.add_argument("--reprocess", action="store_true", help="start over instead of resuming")
+    parser.add_argument("--trust-remote-code", dest="trust_remote_code", action="store_true")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _read_text(path: str) -> str:
+    data = common.read_bytes(path)
+    if data is None:
+        raise ConfigError(f"--input_folder: file '{path}' disappeared while converting")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {error.start}); convert it or remove it") from None
+
+
+def _convert_group(job: dict) -> dict:
+    """Worker: one group of files -> MDS in its part folder. Runs in its own process."""
+    import os
+
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    from llmfoundry.data.tokenizers import build_tokenizer
+
+    tokenizer = build_tokenizer(job["tokenizer"], job["tokenizer_kwargs"])
+    spec = ConcatSpec(**job["spec"])
+    common.remove_tree(job["out"])  # a part left half-written by an interrupted run
+    stats = common.write_concatenated(
+        (_read_text(p) for p in job["files"]),
+        tokenizer,
+        job["out"],
+        spec,
+        compression=job["compression"],
+        processes=1,
+        show_progress=False,
+    )
+    return {"group": job["group"], **stats}
+
+
+def _settings_key(args, spec: ConcatSpec, tokenizer_kwargs: dict) -> str:
+    settings = {"tokenizer": args.tokenizer, "kwargs": tokenizer_kwargs, "spec": asdict(spec), "compression": args.compression}
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def merge_group_indexes(output: str, parts: list[str]) -> int:
+    """Write ``output/index.json`` listing the shards of every part folder; returns the number of samples."""
+    shards = []
+    for part in parts:
+        raw = common.read_bytes(common.join(output, part, "index.json"))
+        if raw is None:
+            raise ConfigError(f"{output}/{part}: index.json is missing; rerun with --reprocess")
+        for shard in json.loads(raw)["shards"]:
+            for key in ("raw_data", "zip_data"):
+                if shard.get(key):
+                    shard[key]["basename"] = f"{part}/{shard[key]['basename']}"
+            shards.append(shard)
+    common.write_bytes(common.join(output, "index.json"), json.dumps({"version": 2, "shards": shards}).encode())
+    return sum(s["samples"] for s in shards)
+
+
+def convert(args) -> dict:
+    from llmfoundry.data.tokenizers import build_tokenizer
+
+    compression = None if str(args.compression).lower() in ("none", "") else args.compression
+    tokenizer_kwargs = common.parse_json_kwargs(args.tokenizer_kwargs, "--tokenizer_kwargs")
+    tokenizer = build_tokenizer(args.tokenizer, tokenizer_kwargs)
+    common.require_eos(tokenizer)
+    eos_text = tokenizer.eos_token if args.eos_text is None else args.eos_text
+    spec = ConcatSpec(args.concat_tokens, args.bos_text or "", eos_text or "", args.no_wrap)
+    if spec.concat_tokens <= 0:
+        raise ConfigError(f"--concat_tokens: expected a positive sample length, got {spec.concat_tokens}")
+    processes = args.processes or common.default_processes()
+    output = args.output_folder.rstrip("/")
+    key = _settings_key(args, spec, tokenizer_kwargs)
+    progress_path = common.join(output, PROGRESS_FILE)
+
+    if args.reprocess:
+        common.remove_tree(output)
+    saved = common.read_bytes(progress_path)
+    progress = json.loads(saved) if saved else None
+    if progress is not None and progress.get("settings") != key:
+        raise ConfigError(
+            f"--output_folder: '{output}' holds a conversion with other settings (tokenizer, concat_tokens, bos/eos "
+            "text or compression); pass --reprocess to start over or choose another folder"
+        )
+    if progress is None:
+        if common.read_bytes(common.join(output, "index.json")) is not None:
+            raise ConfigError(f"--output_folder: '{output}' already holds an MDS dataset; pass --reprocess to redo it")
+        files = common.list_files(args.input_folder, (".txt",))
+        if not files:
+            raise ConfigError(f"--input_folder: no .txt files in '{args.input_folder}'")
+        per_group = args.files_per_group or max(1, -(-len(files) // (processes * 4)))
+        groups = [files[i : i + per_group] for i in range(0, len(files), per_group)]
+        progress = {"settings": key, "groups": groups, "done": {}}
+        common.write_bytes(progress_path, json.dumps(progress).encode())
+
+    groups = progress["groups"]
+    parts = [f"part-{i:05d}" for i in range(len(groups))]
+    todo = [i for i in range(len(groups)) if str(i) not in progress["done"]]
+    jobs = [
+        {
+            "group": i,
+            "files": groups[i],
+            "out": common.join(output, parts[i]),
+            "tokenizer": args.tokenizer,
+            "tokenizer_kwargs": tokenizer_kwargs,
+            "spec": asdict(spec),
+            "compression": compression,
+        }
+        for i in todo
+    ]
+    start = time.perf_counter()
+    if len(todo) < len(groups):
+        print(f"resuming: {len(groups) - len(todo)} of {len(groups)} groups already converted", flush=True)
+    bar = common.Progress("text -> MDS", total=sum(len(groups[i]) for i in todo), unit="file", disable=args.quiet or None)
+
+    def record(result: dict) -> None:
+        progress["done"][str(result["group"])] = {k: result[k] for k in ("documents", "tokens", "samples")}
+        common.write_bytes(progress_path, json.dumps(progress).encode())
+        bar.update(len(groups[result["group"]]))
+
+    try:
+        if processes <= 1 or len(jobs) <= 1:
+            for job in jobs:
+                record(_convert_group(job))
+        else:
+            with common.mp_context().Pool(min(processes, len(jobs))) as pool:
+                for result in pool.imap_unordered(_convert_group, jobs):
+                    record(result)
+    finally:
+        bar.close()
+    samples = merge_group_indexes(output, parts)
+    totals = {k: sum(d[k] for d in progress["done"].values()) for k in ("documents", "tokens", "samples")}
+    totals["seconds"] = time.perf_counter() - start
+    if samples != totals["samples"]:
+        raise ConfigError(f"--output_folder: index lists {samples} samples, expected {totals['samples']}; rerun with --reprocess")
+    if samples == 0:
+        raise ConfigError(
+            f"--concat_tokens: no sample was written ({totals['tokens']} tokens in all < {spec.concat_tokens} per sample); "
+            "lower --concat_tokens or add text"
+        )
+    return totals
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="convert_text_to_mds", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    stats = convert(args)
+    print(
+        f"wrote {stats['samples']} samples of {args.concat_tokens} tokens from {stats['documents']} files "
+        f"({stats['tokens']} tokens) to {args.output_folder}"
+    )
+    return 0
