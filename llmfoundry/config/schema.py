@@ -1,0 +1,108 @@
+"""The typed schema of a training recipe, with llm-foundry's key names.
+
+Sections chosen by name (model, train_loader, optimizer, ...) are validated against the dataclass that the named
+builder registered (see llmfoundry.registry). Run-level keys are declared here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from llmfoundry import registry
+from llmfoundry.config.fields import option
+from llmfoundry.config.validate import Check, Component, Registered, RegisteredMap, to_plain, validate
+from llmfoundry.train.timeunits import check_time
+
+__all__ = ["TrainConfig", "TokenizerConfig", "PrepareDataConfig", "validate", "to_plain", "Component"]
+
+TimeString = Annotated[str | int, Check(check_time)]
+
+
+@dataclass
+class TokenizerConfig:
+    name: str = option(doc="Hugging Face tokenizer folder or hub id, a SentencePiece .model file, or 'tiktoken'")
+    kwargs: dict[str, Any] = option(default_factory=dict, doc="passed to the tokenizer (e.g. model_max_length)")
+
+
+@dataclass
+class PrepareDataConfig:
+    """Data that `llmfoundry train` builds before training when it is missing (used by yamls/quickstart.yaml)."""
+
+    corpus: Literal["python_stdlib"] = option(
+        "python_stdlib", "text to train on: python_stdlib = the source files of this Python's standard library"
+    )
+    folder: str = option(doc="where the tokenizer (folder/tokenizer) and MDS shards (folder/train, folder/val) go")
+    vocab_size: int = option(4096, "vocabulary size of the byte-level BPE tokenizer trained on the corpus")
+    max_files: int = option(400, "at most this many source files are used (sorted by path; deterministic)")
+    val_files: int = option(20, "files held out for the validation split")
+    concat_tokens: int = option(256, "tokens per MDS sample")
+
+
+@dataclass
+class TrainConfig:
+    # --- what to train ---
+    model: Annotated[Component, Registered(registry.models)] = option(doc="the model: name + its settings")
+    tokenizer: TokenizerConfig = option(doc="the tokenizer")
+    max_seq_len: int = option(doc="sequence length of training samples")
+    train_loader: Annotated[Component, Registered(registry.dataloaders)] = option(doc="training data loader")
+    eval_loader: Annotated[Component, Registered(registry.dataloaders)] | None = option(
+        None, "evaluation data loader (loss and perplexity every eval_interval)"
+    )
+    prepare_data: PrepareDataConfig | None = option(None, "data to build before training when missing")
+    optimizer: Annotated[Component, Registered(registry.optimizers)] = option(doc="optimizer: name + settings")
+    scheduler: Annotated[Component, Registered(registry.schedulers)] | None = option(
+        None, "learning-rate schedule: name + settings (none = constant)"
+    )
+    algorithms: Annotated[dict, RegisteredMap(registry.algorithms)] = option(
+        default_factory=dict, doc="training algorithms by name, e.g. gradient_clipping"
+    )
+    # --- how long, how big ---
+    max_duration: TimeString = option(doc="training length: e.g. 4800ba, 1ep, 2000000tok")
+    global_train_batch_size: int = option(doc="samples per optimizer step, summed over all ranks")
+    device_train_microbatch_size: int | Literal["auto"] = option(
+        "auto", "samples per forward/backward on one device; gradients accumulate up to the batch ('auto' = "
+        "the whole per-device batch, halved on CUDA out-of-memory)"
+    )
+    device_eval_batch_size: int = option(8, "samples per evaluation forward on one device")
+    precision: Literal["fp32", "amp_bf16", "amp_fp16", "bf16"] = option(
+        "fp32", "fp32; amp_bf16/amp_fp16 = autocast with fp32 weights; bf16 = weights and math in bf16"
+    )
+    seed: int = option(17, "random seed for weights, data order and dropout")
+    # --- evaluation ---
+    eval_interval: TimeString = option("1ep", "how often to evaluate, e.g. 500ba")
+    eval_first: bool = option(False, "evaluate before the first training batch")
+    eval_subset_num_batches: int = option(-1, "evaluate on at most this many batches (-1 = all)")
+    icl_tasks: Any = option(None, "in-context-learning tasks (list or YAML path)", unsupported="icl_tasks")
+    icl_subset_num_batches: int | None = option(None, "ICL batches per task (none = all)", unsupported="icl_subset_num_batches")
+    icl_seq_len: int | None = option(None, "sequence length for ICL tasks", unsupported="icl_seq_len")
+    eval_gauntlet: Any = option(None, "eval gauntlet (mapping or YAML path)", unsupported="eval_gauntlet")
+    # --- parallelism ---
+    fsdp_config: dict[str, Any] | None = option(None, "FSDP settings", unsupported="fsdp_config")
+    compile_config: dict[str, Any] | None = option(None, "torch.compile settings", unsupported="compile_config")
+    dist_timeout: float = option(600.0, "seconds to wait for other ranks before failing")
+    # --- logging ---
+    run_name: str | None = option(None, "name of the run (default: a timestamp)")
+    callbacks: Annotated[dict, RegisteredMap(registry.callbacks)] = option(
+        default_factory=dict, doc="callbacks by name with their settings"
+    )
+    loggers: Annotated[dict, RegisteredMap(registry.loggers)] = option(
+        default_factory=dict, doc="loggers by name with their settings (wandb, jsonl, ...)"
+    )
+    progress_bar: bool = option(True, "show a progress bar")
+    log_to_console: bool = option(True, "print metrics to the console")
+    console_log_interval: TimeString = option("1ba", "how often to print metrics")
+    python_log_level: str | None = option(None, "level of Python logging for llmfoundry (debug, info, ...)")
+    # --- checkpoints ---
+    save_folder: str | None = option(None, "where checkpoints go (local folder or s3://bucket/path)")
+    save_interval: TimeString = option("1000ba", "how often to save a checkpoint")
+    save_num_checkpoints_to_keep: int = option(-1, "keep the newest N checkpoints (-1 = all)")
+    save_overwrite: bool = option(False, "allow overwriting checkpoints already in save_folder")
+    save_weights_only: bool = option(False, "save model weights only", unsupported="save_weights_only")
+    load_path: str | None = option(None, "checkpoint to start from (a checkpoint folder or a save_folder)")
+    load_weights_only: bool = option(False, "load only model weights from load_path (fresh optimizer and time)")
+    load_strict_model_weights: bool = option(True, "fail when load_path lacks or adds model weights")
+    autoresume: bool = option(False, "resume from the newest complete checkpoint in save_folder")
+    # --- free-form ---
+    variables: dict[str, Any] = option(default_factory=dict, doc="values for ${variables.x} interpolation")
+    metadata: dict[str, Any] = option(default_factory=dict, doc="free-form metadata logged with the run")

@@ -1,0 +1,43 @@
+"""Training algorithms by name (llm-foundry's `algorithms:` section)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from llmfoundry.config.fields import option
+from llmfoundry.registry import algorithms
+
+
+@dataclass
+class GradientClippingSettings:
+    clipping_type: Literal["norm", "value", "adaptive"] = option(
+        "norm", "norm = clip the global gradient norm; value = clip each gradient element"
+    )
+    clipping_threshold: float = option(1.0, "the maximum norm (or absolute value)")
+
+
+class GradientClipping:
+    """Clips gradients after they are accumulated and before the optimizer step."""
+
+    def __init__(self, settings: GradientClippingSettings):
+        if settings.clipping_type == "adaptive":
+            from llmfoundry.config.errors import ConfigError
+
+            raise ConfigError("algorithms.gradient_clipping.clipping_type: 'adaptive' is not supported yet "
+                              "(use norm or value)")
+        self.settings = settings
+
+    def clip(self, model: torch.nn.Module) -> torch.Tensor | None:
+        params = [p for p in model.parameters() if p.grad is not None]
+        if self.settings.clipping_type == "norm":
+            return torch.nn.utils.clip_grad_norm_(params, self.settings.clipping_threshold)
+        torch.nn.utils.clip_grad_value_(params, self.settings.clipping_threshold)
+        return None
+
+
+@algorithms.register("gradient_clipping", config=GradientClippingSettings)
+def build_gradient_clipping(settings: GradientClippingSettings) -> GradientClipping:
+    return GradientClipping(settings)

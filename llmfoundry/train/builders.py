@@ -1,0 +1,49 @@
+"""Turn validated config sections into objects through the registry (the one place builders are called)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from llmfoundry import registry
+from llmfoundry.config.schema import Component, TrainConfig
+
+
+def build_tokenizer(cfg: TrainConfig):
+    from llmfoundry.data.tokenizers import build_tokenizer as build
+
+    kwargs = dict(cfg.tokenizer.kwargs)
+    kwargs.setdefault("model_max_length", cfg.max_seq_len)
+    return build(cfg.tokenizer.name, kwargs)
+
+
+def build_model(cfg: TrainConfig, tokenizer) -> nn.Module:
+    return registry.models.get(cfg.model.name, key="model.name").builder(cfg.model.settings, tokenizer)
+
+
+def build_dataloader(section: Component, tokenizer, device_batch_size: int, key: str):
+    entry = registry.dataloaders.get(section.name, key=f"{key}.name")
+    return entry.builder(section.settings, tokenizer, device_batch_size)
+
+
+def build_optimizer(cfg: TrainConfig, model: nn.Module):
+    return registry.optimizers.get(cfg.optimizer.name, key="optimizer.name").builder(cfg.optimizer.settings, model)
+
+
+def build_schedule(cfg: TrainConfig, rates):
+    """The learning-rate multiplier as a function of the batch index (constant 1 without a scheduler)."""
+    if cfg.scheduler is None:
+        return lambda step: 1.0
+    entry = registry.schedulers.get(cfg.scheduler.name, key="scheduler.name")
+    try:
+        return entry.builder(cfg.scheduler.settings, rates)
+    except ValueError as error:
+        from llmfoundry.config.errors import ConfigError
+
+        raise ConfigError(str(error)) from None
+
+
+def build_named(reg: registry.Registry, sections: dict[str, Any], *args) -> list[Any]:
+    """Callbacks, loggers or algorithms: one object per configured name, in config order."""
+    return [reg.get(name).builder(settings, *args) for name, settings in sections.items()]

@@ -1,0 +1,214 @@
+"""Checkpoints: sharded torch.distributed.checkpoint (DCP) folders, written atomically, with a "latest" pointer.
+
+Layout of a save_folder::
+
+    save_folder/
+      ep0-ba100/            one complete checkpoint
+        .metadata, __*_*.distcp   DCP shards: model, optimizer, trainer time
+        rank{r}.pt          per-rank state: RNG states and the data loader position
+        config.yaml         the resolved training config (enough to rebuild the model)
+        tokenizer/          the tokenizer, so a checkpoint is self-contained
+      latest                the name of the newest complete checkpoint
+
+A checkpoint is written under a temporary name and renamed only when every rank has finished; ``latest`` is
+replaced (atomically) after that, so a crash mid-save never leaves a "latest" that is incomplete.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed.checkpoint as dcp
+import yaml
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from llmfoundry.config.errors import ConfigError
+from llmfoundry.train import dist
+
+LATEST = "latest"
+CONFIG_FILE = "config.yaml"
+_NAME = re.compile(r"^ep(\d+)-ba(\d+)$")
+
+
+def checkpoint_name(epoch: int, batch: int) -> str:
+    return f"ep{epoch}-ba{batch}"
+
+
+def list_checkpoints(folder: str | Path) -> list[Path]:
+    """Complete checkpoints in ``folder``, oldest first."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(2)), p) for p in folder.iterdir() if p.is_dir() and (m := _NAME.match(p.name))
+             and (p / ".metadata").exists()]
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(folder: str | Path) -> Path | None:
+    """The checkpoint that ``folder/latest`` names, if it is there."""
+    pointer = Path(folder) / LATEST
+    if not pointer.is_file():
+        return None
+    path = Path(folder) / pointer.read_text().strip()
+    return path if (path / ".metadata").exists() else None
+
+
+def resolve_checkpoint(path: str | Path, key: str = "load_path") -> Path:
+    """A checkpoint folder from either a checkpoint folder or a save_folder (whose ``latest`` is used)."""
+    path = Path(path)
+    if (path / ".metadata").exists():
+        return path
+    latest = latest_checkpoint(path)
+    if latest is not None:
+        return latest
+    if not path.exists():
+        raise ConfigError(f"{key}: '{path}' does not exist")
+    raise ConfigError(f"{key}: '{path}' is neither a checkpoint folder (no .metadata) nor a save_folder with a "
+                      f"'{LATEST}' checkpoint")
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def save_checkpoint(
+    folder: str | Path,
+    name: str,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    trainer_state: dict[str, Any],
+    loader_state: dict[str, Any] | None,
+    config: dict[str, Any],
+    tokenizer: Any,
+    overwrite: bool,
+    keep: int = -1,
+) -> Path:
+    """Write one checkpoint (collective: every rank calls it) and point ``latest`` at it; returns its path."""
+    folder = Path(folder)
+    final = folder / name
+    partial = folder / f".{name}.partial"
+    if dist.rank() == 0:
+        if final.exists():
+            if not overwrite:
+                raise ConfigError(f"save_folder: checkpoint '{final}' already exists (set save_overwrite: true "
+                                  "or choose another save_folder)")
+            shutil.rmtree(final)
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+    dist.barrier()
+
+    state: dict[str, Any] = {"model": get_model_state_dict(model), "trainer": dict(trainer_state)}
+    if optimizer is not None:
+        state["optimizer"] = get_optimizer_state_dict(model, optimizer)
+    dcp.save(state, checkpoint_id=str(partial))
+    torch.save({"rng": _rng_state(), "dataloader": loader_state, "world_size": dist.world_size()},
+               partial / f"rank{dist.rank()}.pt")
+    if dist.rank() == 0:
+        (partial / CONFIG_FILE).write_text(yaml.safe_dump(config, sort_keys=False))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(partial / "tokenizer"))
+    dist.barrier()
+
+    if dist.rank() == 0:
+        os.replace(partial, final)
+        _write_atomically(folder / LATEST, name + "\n")
+        if keep > 0:
+            for old in list_checkpoints(folder)[:-keep]:
+                shutil.rmtree(old, ignore_errors=True)
+    dist.barrier()
+    return final
+
+
+def load_checkpoint(
+    path: str | Path,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    weights_only: bool = False,
+    strict: bool = True,
+) -> dict[str, Any]:
+    """Restore model (and unless ``weights_only``, optimizer, RNG) from a checkpoint on any world size.
+
+    Returns ``{"trainer": {...}, "dataloader": {...} | None}`` (empty when ``weights_only``).
+    """
+    path = resolve_checkpoint(path)
+    options = StateDictOptions(strict=strict)
+    state: dict[str, Any] = {"model": get_model_state_dict(model)}
+    if not weights_only:
+        state["trainer"] = {}
+        if optimizer is not None:
+            state["optimizer"] = get_optimizer_state_dict(model, optimizer)
+    try:
+        dcp.load(state, checkpoint_id=str(path), planner=DefaultLoadPlanner(allow_partial_load=not strict))
+    except (RuntimeError, KeyError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ConfigError(f"load_path: '{path}' does not match this model/optimizer ({first}); "
+                          "set load_weights_only: true or load_strict_model_weights: false if that is intended") from None
+    set_model_state_dict(model, state["model"], options=options)
+    if weights_only:
+        return {}
+    if optimizer is not None:
+        set_optimizer_state_dict(model, optimizer, state["optimizer"], options=options)
+    rank_file = path / f"rank{dist.rank()}.pt"
+    rank0_file = path / "rank0.pt"
+    per_rank = torch.load(rank_file if rank_file.exists() else rank0_file, weights_only=False)
+    if rank_file.exists() and per_rank.get("world_size") == dist.world_size():
+        _set_rng_state(per_rank["rng"])
+    loader_state = torch.load(rank0_file, weights_only=False).get("dataloader")
+    return {"trainer": state["trainer"], "dataloader": loader_state}
+
+
+def read_checkpoint_config(path: str | Path) -> dict[str, Any]:
+    path = resolve_checkpoint(path, key="checkpoint")
+    config_file = path / CONFIG_FILE
+    if not config_file.is_file():
+        raise ConfigError(f"checkpoint '{path}' has no {CONFIG_FILE}; it was not written by llmfoundry")
+    return yaml.safe_load(config_file.read_text())
+
+
+def load_model_for_inference(path: str | Path, device: str | torch.device = "cpu"):
+    """(model, tokenizer) from one of our checkpoints, on ``device`` in eval mode."""
+    from transformers import AutoTokenizer
+
+    from llmfoundry.config.schema import TrainConfig, validate
+    from llmfoundry.train.builders import build_model, build_tokenizer
+
+    path = resolve_checkpoint(path, key="checkpoint")
+    cfg = validate(read_checkpoint_config(path), TrainConfig)
+    tokenizer_dir = path / "tokenizer"
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir)) if tokenizer_dir.is_dir() else build_tokenizer(cfg)
+    model = build_model(cfg, tokenizer)
+    load_checkpoint(path, model=model, optimizer=None, weights_only=True)
+    return model.to(device).eval(), tokenizer

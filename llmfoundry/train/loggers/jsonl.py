@@ -1,0 +1,39 @@
+"""jsonl logger: one JSON object per logging step, easy to plot or diff."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from llmfoundry.config.fields import option
+from llmfoundry.registry import loggers
+from llmfoundry.train.loggers.base import Logger
+
+
+@dataclass
+class JsonlSettings:
+    path: str = option("metrics.jsonl", "file to append metrics to")
+
+
+class JsonlLogger(Logger):
+    def __init__(self, settings: JsonlSettings):
+        self.path = Path(settings.path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = self.path.open("a")
+
+    def log_hyperparameters(self, config):
+        self.file.write(json.dumps({"hyperparameters": config}, default=str) + "\n")
+        self.file.flush()
+
+    def log_metrics(self, metrics, step):
+        self.file.write(json.dumps({"step": step, **metrics}) + "\n")
+        self.file.flush()
+
+    def close(self):
+        self.file.close()
+
+
+@loggers.register("jsonl", config=JsonlSettings)
+def build_jsonl(settings: JsonlSettings, run_name: str) -> Logger:
+    return JsonlLogger(settings)

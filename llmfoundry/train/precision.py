@@ -1,0 +1,28 @@
+"""Numeric precision policies: fp32, amp_bf16, amp_fp16 (autocast) and bf16 (weights in bf16)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+AUTOCAST_DTYPES = {"amp_bf16": torch.bfloat16, "amp_fp16": torch.float16}
+
+
+def autocast(precision: str, device: torch.device):
+    """The context in which forward passes run."""
+    dtype = AUTOCAST_DTYPES.get(precision)
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def weight_dtype(precision: str) -> torch.dtype:
+    return torch.bfloat16 if precision == "bf16" else torch.float32
+
+
+def grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler | None:
+    """fp16 gradients underflow without loss scaling; the other policies need none."""
+    if precision != "amp_fp16":
+        return None
+    return torch.amp.GradScaler(device.type)

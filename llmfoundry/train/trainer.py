@@ -1,0 +1,349 @@
+"""The training loop: microbatches with gradient accumulation, clipping, evaluation, logging and checkpoints.
+
+The trainer knows models only through a small interface (forward returns logits; optional
+``supports_sequence_id``, ``flops_per_token``, ``blocks``); parallelism, precision and checkpointing are applied
+here, from outside the model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from llmfoundry import registry
+from llmfoundry.config.errors import ConfigError
+from llmfoundry.config.schema import TrainConfig, to_plain
+from llmfoundry.train import checkpoint, dist, precision
+from llmfoundry.train.builders import (
+    build_dataloader,
+    build_model,
+    build_named,
+    build_optimizer,
+    build_schedule,
+    build_tokenizer,
+)
+from llmfoundry.train.timeunits import Rates, Time
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainTime:
+    """How far training has come; saved in checkpoints."""
+
+    epoch: int = 0
+    batch: int = 0
+    batch_in_epoch: int = 0
+    sample: int = 0
+    token: int = 0
+
+    def as_metrics(self) -> dict[str, float]:
+        return {f"time/{k}": float(v) for k, v in vars(self).items()}
+
+
+@dataclass
+class EvalHistory:
+    losses: list[tuple[int, float]] = field(default_factory=list)  # (batch, eval loss)
+
+
+def causal_lm_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Summed next-token cross-entropy; position t predicts labels[t + 1]; -100 labels are ignored."""
+    vocab = logits.size(-1)
+    return F.cross_entropy(logits[:, :-1].reshape(-1, vocab).float(), labels[:, 1:].reshape(-1),
+                           ignore_index=-100, reduction="sum")
+
+
+def count_target_tokens(labels: torch.Tensor) -> torch.Tensor:
+    return (labels[:, 1:] != -100).sum()
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, config_plain: dict[str, Any] | None = None):
+        self.cfg = cfg
+        self.config_plain = config_plain if config_plain is not None else to_plain(cfg)
+        self.dist = dist.init_distributed(cfg.dist_timeout)
+        self.device = self.dist.device
+        self.run_name = dist.broadcast_object(cfg.run_name or time.strftime("llmfoundry-%Y%m%d-%H%M%S"))
+        self.time = TrainTime()
+        self.history = EvalHistory()
+        torch.manual_seed(cfg.seed)
+
+        if cfg.prepare_data is not None:
+            self._prepare_data()
+        self.tokenizer = build_tokenizer(cfg)
+        world = self.dist.world_size
+        if cfg.global_train_batch_size % world:
+            raise ConfigError(f"global_train_batch_size: {cfg.global_train_batch_size} does not divide across "
+                              f"{world} ranks (use a multiple of {world})")
+        self.device_batch_size = cfg.global_train_batch_size // world
+        micro = cfg.device_train_microbatch_size
+        self.microbatch_size = self.device_batch_size if micro == "auto" else micro
+        if self.microbatch_size < 1:
+            raise ConfigError("device_train_microbatch_size: must be at least 1")
+
+        self.model = build_model(cfg, self.tokenizer).to(self.device, precision.weight_dtype(cfg.precision))
+        self.vocab_size = self._vocab_size(self.model)
+        self.parallel_model = self._wrap(self.model)
+        self.optimizer = build_optimizer(cfg, self.model)
+        self.scaler = precision.grad_scaler(cfg.precision, self.device)
+        self.algorithms = build_named(registry.algorithms, cfg.algorithms)
+        self.callbacks = build_named(registry.callbacks, cfg.callbacks)
+        self.loggers = build_named(registry.loggers, cfg.loggers, self.run_name) if self.dist.is_main else []
+
+        self.train_loader = build_dataloader(cfg.train_loader, self.tokenizer, self.device_batch_size, "train_loader")
+        self.eval_loader = (build_dataloader(cfg.eval_loader, self.tokenizer, cfg.device_eval_batch_size, "eval_loader")
+                            if cfg.eval_loader is not None else None)
+        self.rates = self._rates()
+        self.schedule = build_schedule(cfg, self.rates)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.schedule)
+        self._resume()
+
+    # ----- set-up -----
+    def _prepare_data(self) -> None:
+        from llmfoundry.data.prep.quickstart import prepare
+
+        if self.dist.is_main:
+            prepare(self.cfg.prepare_data)
+        dist.barrier()
+
+    @staticmethod
+    def _vocab_size(model: torch.nn.Module) -> int | None:
+        embeddings = getattr(model, "get_input_embeddings", lambda: None)()
+        return getattr(embeddings, "num_embeddings", None)
+
+    def _wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        if self.dist.world_size == 1:
+            return model
+        from torch.nn.parallel import DistributedDataParallel
+
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=device_ids)
+
+    def _rates(self) -> Rates:
+        cfg = self.cfg
+        try:
+            batches_per_epoch = len(self.train_loader)
+        except TypeError:
+            batches_per_epoch = None
+        base = Rates(batches_per_epoch, cfg.global_train_batch_size, cfg.global_train_batch_size * cfg.max_seq_len)
+        if Time.parse(cfg.max_duration).unit == "dur":
+            raise ConfigError("max_duration: cannot be given in dur (use ba, ep, tok or sp)")
+        try:
+            total = base.to_batches(cfg.max_duration, "max_duration")
+            rates = Rates(base.batches_per_epoch, base.samples_per_batch, base.tokens_per_batch, total)
+            self.max_batches = total
+            self.eval_every = rates.to_batches(cfg.eval_interval, "eval_interval")
+            self.save_every = rates.to_batches(cfg.save_interval, "save_interval")
+            self.log_every = max(1, rates.to_batches(cfg.console_log_interval, "console_log_interval"))
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+        if batches_per_epoch == 0:
+            raise ConfigError(f"train_loader: the dataset has fewer samples than one batch "
+                              f"({cfg.global_train_batch_size}); add data or lower global_train_batch_size")
+        return rates
+
+    def _resume(self) -> None:
+        cfg = self.cfg
+        path = None
+        weights_only = cfg.load_weights_only
+        if cfg.autoresume:
+            if not cfg.save_folder:
+                raise ConfigError("autoresume: needs save_folder (the folder to resume from)")
+            latest = checkpoint.latest_checkpoint(cfg.save_folder)
+            if latest is not None:
+                path, weights_only = latest, False
+        if path is None and cfg.load_path:
+            path = cfg.load_path
+        if path is None:
+            return
+        restored = checkpoint.load_checkpoint(path, model=self.model, optimizer=self.optimizer,
+                                              weights_only=weights_only, strict=cfg.load_strict_model_weights)
+        if restored.get("trainer"):
+            self.time = TrainTime(**restored["trainer"]["time"])
+            self.scheduler.load_state_dict(restored["trainer"]["scheduler"])
+        if restored.get("dataloader") is not None:
+            self.train_loader.load_state_dict(restored["dataloader"])
+        self._print(f"resumed from {checkpoint.resolve_checkpoint(path)} at batch {self.time.batch}")
+
+    # ----- the loop -----
+    def fit(self) -> dict[str, float]:
+        cfg = self.cfg
+        for logger in self.loggers:
+            logger.log_hyperparameters(self.config_plain)
+        for cb in self.callbacks:
+            cb.on_fit_start(self)
+        bar = tqdm(total=self.max_batches, initial=self.time.batch, unit="ba", desc="train", dynamic_ncols=True,
+                   disable=not (cfg.progress_bar and self.dist.is_main and sys.stderr.isatty()))
+        last_metrics: dict[str, float] = {}
+        last_eval_batch = last_save_batch = -1
+        if cfg.eval_first and self.time.batch == 0 and self.eval_loader is not None:
+            last_metrics.update(self.evaluate())
+            last_eval_batch = 0
+        while self.time.batch < self.max_batches:
+            progressed = False
+            for device_batch in self.train_loader:
+                progressed = True
+                metrics = self.train_step(device_batch)
+                bar.update(1)
+                bar.set_postfix(loss=f"{metrics['loss/train/total']:.4f}")
+                step = self.time.batch
+                if self.eval_loader is not None and step % self.eval_every == 0:
+                    metrics.update(self.evaluate(log=False))
+                    last_eval_batch = step
+                self._log(metrics, console=step % self.log_every == 0 or step == self.max_batches)
+                last_metrics.update(metrics)
+                if cfg.save_folder and step % self.save_every == 0:
+                    self.save()
+                    last_save_batch = step
+                if step >= self.max_batches:
+                    break
+            else:
+                self.time.epoch += 1
+                self.time.batch_in_epoch = 0
+            if not progressed:
+                raise ConfigError("train_loader: yielded no batches (is the dataset smaller than one batch?)")
+        bar.close()
+        if self.eval_loader is not None and last_eval_batch != self.time.batch:
+            last_metrics.update(self.evaluate())
+        if cfg.save_folder and last_save_batch != self.time.batch:
+            self.save()
+        for cb in self.callbacks:
+            cb.on_fit_end(self)
+        self._summary()
+        for logger in self.loggers:
+            logger.close()
+        return last_metrics
+
+    def train_step(self, device_batch: dict[str, torch.Tensor]) -> dict[str, float]:
+        cfg = self.cfg
+        for cb in self.callbacks:
+            cb.on_batch_start(self)
+        torch.manual_seed(cfg.seed + self.time.batch * self.dist.world_size + self.dist.rank)  # dropout RNG
+        self.parallel_model.train()
+        device_batch = {k: v.to(self.device, non_blocking=True) for k, v in device_batch.items()}
+        self._check_token_ids(device_batch["input_ids"])
+        num_samples = device_batch["input_ids"].size(0)
+        targets = dist.all_reduce_sum(count_target_tokens(device_batch["labels"]).float())
+        loss_sum = torch.zeros((), device=self.device)
+        starts = list(range(0, num_samples, self.microbatch_size))
+        for i, start in enumerate(starts):
+            micro = {k: v[start:start + self.microbatch_size] for k, v in device_batch.items()}
+            is_last = i == len(starts) - 1
+            sync = contextlib.nullcontext() if is_last or self.dist.world_size == 1 else self.parallel_model.no_sync()
+            with sync:
+                with precision.autocast(cfg.precision, self.device):
+                    logits = self.parallel_model(**self._model_inputs(micro)).logits
+                micro_loss = causal_lm_loss_sum(logits, micro["labels"])
+                # Normalise by the tokens of the whole global batch; DDP/FSDP average over ranks, so undo that.
+                scaled = micro_loss * self.dist.world_size / targets.clamp(min=1)
+                (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+            loss_sum += micro_loss.detach()
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        metrics: dict[str, float] = {}
+        for algorithm in self.algorithms:
+            norm = algorithm.clip(self.parallel_model)
+            if norm is not None:
+                metrics["grad_norm"] = float(norm)
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+
+        loss = float(dist.all_reduce_sum(loss_sum) / targets.clamp(min=1))
+        self.time.batch += 1
+        self.time.batch_in_epoch += 1
+        self.time.sample += num_samples * self.dist.world_size
+        self.time.token += int(dist.all_reduce_sum(device_batch["input_ids"].new_tensor(device_batch["input_ids"].numel())))
+        if not math.isfinite(loss):
+            log.warning("non-finite training loss at batch %d", self.time.batch)
+        metrics["loss/train/total"] = loss
+        metrics.update(self.time.as_metrics())
+        for cb in self.callbacks:
+            cb.on_batch_end(self, metrics)
+        return metrics
+
+    def _model_inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        inputs = {"input_ids": batch["input_ids"]}
+        if "attention_mask" in batch:
+            inputs["attention_mask"] = batch["attention_mask"]
+        if "sequence_id" in batch and getattr(self.model, "supports_sequence_id", False):
+            inputs["sequence_id"] = batch["sequence_id"]
+        return inputs
+
+    def _check_token_ids(self, input_ids: torch.Tensor) -> None:
+        if self.vocab_size is not None and int(input_ids.max()) >= self.vocab_size:
+            raise ConfigError(f"model.vocab_size: the data holds token id {int(input_ids.max())} but the model has "
+                              f"only {self.vocab_size} embeddings (raise model.vocab_size to at least "
+                              f"{len(self.tokenizer)} or re-tokenize the data with this tokenizer)")
+
+    @torch.no_grad()
+    def evaluate(self, log: bool = True) -> dict[str, float]:
+        """Loss and perplexity over the eval loader (all of it, or eval_subset_num_batches)."""
+        assert self.eval_loader is not None
+        self.parallel_model.eval()
+        loss_sum = torch.zeros((), device=self.device, dtype=torch.float64)
+        tokens = torch.zeros((), device=self.device, dtype=torch.float64)
+        for i, batch in enumerate(self.eval_loader):
+            if 0 <= self.cfg.eval_subset_num_batches <= i:
+                break
+            batch = {k: v.to(self.device) for k, v in batch.items()}
+            with precision.autocast(self.cfg.precision, self.device):
+                logits = self.model(**self._model_inputs(batch)).logits
+            loss_sum += causal_lm_loss_sum(logits, batch["labels"]).double()
+            tokens += count_target_tokens(batch["labels"]).double()
+        loss = float(dist.all_reduce_sum(loss_sum) / dist.all_reduce_sum(tokens).clamp(min=1))
+        metrics = {"metrics/eval/LanguageCrossEntropy": loss,
+                   "metrics/eval/LanguagePerplexity": math.exp(min(loss, 700.0))}
+        self.history.losses.append((self.time.batch, loss))
+        self._print(f"[eval] batch {self.time.batch}: loss {loss:.4f}, perplexity {metrics['metrics/eval/LanguagePerplexity']:.2f}")
+        for cb in self.callbacks:
+            cb.on_eval_end(self, metrics)
+        if log:
+            self._log(metrics, console=False)
+        return metrics
+
+    # ----- checkpoints and logging -----
+    def save(self) -> Path:
+        name = checkpoint.checkpoint_name(self.time.epoch, self.time.batch)
+        path = checkpoint.save_checkpoint(
+            self.cfg.save_folder, name, model=self.model, optimizer=self.optimizer,
+            trainer_state={"time": vars(self.time).copy(), "scheduler": self.scheduler.state_dict()},
+            loader_state=self.train_loader.state_dict(), config=self.config_plain, tokenizer=self.tokenizer,
+            overwrite=self.cfg.save_overwrite, keep=self.cfg.save_num_checkpoints_to_keep)
+        self._print(f"saved checkpoint {path}")
+        for cb in self.callbacks:
+            cb.on_checkpoint_saved(self, str(path))
+        return path
+
+    def _log(self, metrics: dict[str, float], console: bool) -> None:
+        for logger in self.loggers:
+            logger.log_metrics(metrics, step=self.time.batch)
+        if console and self.cfg.log_to_console:
+            shown = {k: v for k, v in metrics.items() if not k.startswith("time/")}
+            text = ", ".join(f"{k}: {v:.4g}" for k, v in shown.items())
+            self._print(f"[batch {self.time.batch}/{self.max_batches}] {text}")
+
+    def _print(self, message: str) -> None:
+        if self.dist.is_main and self.cfg.log_to_console:
+            tqdm.write(message, file=sys.stdout)
+            sys.stdout.flush()
+
+    def _summary(self) -> None:
+        if len(self.history.losses) >= 2:
+            (b0, first), (b1, last) = self.history.losses[0], self.history.losses[-1]
+            self._print(f"eval loss: {first:.4f} (batch {b0}) -> {last:.4f} (batch {b1}), "
+                        f"ratio {last / first:.3f}")
