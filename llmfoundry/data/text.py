@@ -1,0 +1,384 @@
+"""The ``text`` loader: pretraining batches from MDS shards (local or s3://), deterministic and resumable.
+
+YAML (llm-foundry's shape)::
+
+    train_loader:
+      name: text
+      dataset:
+        remote: s3://bucket/c4          # or streams: {c4: {remote: ..., proportion: 0.7}, code: {...}}
+        local: /tmp/c4                  # optional with remote (a per-run cache folder is chosen)
+        split: train
+        shuffle: true
+        shuffle_seed: 17
+        max_seq_len: 2048
+        eos_token_id: 0                 # -> sequence_id, so attention does not cross documents
+      drop_last: true
+      num_workers: 8
+
+Samples come from a ``tokens`` column (what llmfoundry's converters write: fixed-length integer arrays; legacy
+``bytes`` columns of int64 are read too) or a ``text`` column (tokenized on the fly, padded). A batch is a dict
+of ``input_ids`` (B, T) long, ``labels`` (B, T) long (a copy of input_ids, -100 on padding; not shifted),
+``sequence_id`` (B, T) when ``eos_token_id`` or ``bos_token_id`` is set, and ``attention_mask`` when a batch
+holds padding. The loader's ``state_dict()`` is streaming's global sample position (epoch, sample_in_epoch,
+num_canonical_nodes, shuffle_seed), so a run resumed on a different number of ranks neither repeats nor skips.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from llmfoundry.config.errors import ConfigError
+from llmfoundry.config.fields import option
+from llmfoundry.registry import dataloaders
+
+IGNORE_INDEX = -100
+
+
+# ----------------------------------------------------------------------------------------------- settings
+@dataclass
+class StreamSettings:
+    """One MDS source among several (``dataset.streams.<name>``)."""
+
+    remote: str | None = option(None, "where the shards live: s3://bucket/path (endpoint from S3_ENDPOINT_URL) or a folder")
+    local: str | None = option(None, "local folder for the shards (the data itself when remote is unset; a cache otherwise)")
+    split: str | None = option(None, "sub-folder of remote/local to read (e.g. train, val)")
+    proportion: float | None = option(None, "share of each epoch drawn from this stream (others derived)")
+    repeat: float | None = option(None, "times each sample of this stream is seen per epoch (e.g. 0.5, 2)")
+    choose: int | None = option(None, "number of samples drawn from this stream per epoch")
+    download_retry: int | None = option(None, "download attempts per shard (default: the dataset's)")
+    download_timeout: float | None = option(None, "seconds before a shard download fails (default: the dataset's)")
+    validate_hash: str | None = option(None, "hash algorithm to verify shards with (e.g. sha1)")
+    keep_zip: bool | None = option(None, "keep compressed shards after decompressing them")
+
+
+@dataclass
+class StreamingOptions:
+    """streaming's StreamingDataset options (shared by the text and finetuning loaders)."""
+
+    remote: str | None = option(None, "where the shards live: s3://bucket/path (endpoint from S3_ENDPOINT_URL) or a folder")
+    local: str | None = option(None, "local folder with the shards (the data itself when remote is unset; a cache otherwise)")
+    split: str | None = option(None, "sub-folder of remote/local to read (e.g. train, val)")
+    streams: dict[str, StreamSettings] | None = option(None, "several sources mixed into one epoch, by name")
+    shuffle: bool = option(False, "shuffle samples (deterministically, from shuffle_seed)")
+    shuffle_seed: int = option(9176, "seed of the shuffle; the same seed gives the same order on any number of ranks")
+    shuffle_algo: Literal["py1e", "py1br", "py1b", "py1s", "py2s", "naive"] = option("py1e", "streaming's shuffle algorithm")
+    shuffle_block_size: int | None = option(None, "samples per shuffle block (default: streaming's)")
+    num_canonical_nodes: int | None = option(None, "canonical nodes of the sample partition (keep it fixed across resumes)")
+    partition_algo: str = option("relaxed", "streaming's partition algorithm")
+    sampling_method: Literal["balanced", "fixed"] = option("balanced", "how stream proportions are sampled per epoch")
+    sampling_granularity: int = option(1, "samples drawn from a shard at a time when sampling streams")
+    batching_method: Literal["random", "stratified", "per_stream", "device_per_stream"] = option(
+        "random", "how samples of several streams form batches"
+    )
+    epoch_size: int | None = option(None, "samples per epoch (default: every sample of every stream once)")
+    predownload: int | None = option(None, "samples to download ahead per worker")
+    cache_limit: str | None = option(None, "bytes of shards to keep locally (e.g. 10gb); older ones are evicted")
+    download_retry: int = option(2, "download attempts per shard")
+    download_timeout: float = option(60, "seconds before a shard download fails")
+    validate_hash: str | None = option(None, "hash algorithm to verify shards with (e.g. sha1)")
+    keep_zip: bool = option(False, "keep compressed shards after decompressing them")
+    replication: int | None = option(None, "ranks that see the same samples (sequence parallelism)")
+
+
+@dataclass
+class TextDatasetSettings(StreamingOptions):
+    """``train_loader.dataset`` for ``name: text``."""
+
+    max_seq_len: int = option(2048, "tokens per sample: longer samples are truncated, shorter ones padded")
+    eos_token_id: int | None = option(None, "documents end with this token: sequence_id restarts after it")
+    bos_token_id: int | None = option(None, "documents start with this token: sequence_id restarts at it")
+    pad_token_id: int | None = option(None, "id used to pad short samples (default: the tokenizer's pad, else EOS)")
+    token_encoding_type: Literal["auto", "int64", "int32", "uint16"] = option(
+        "auto", "dtype of a legacy `bytes` column (auto: int64)"
+    )
+    vocab_size: int | None = option(None, "if set, a token id >= vocab_size in any batch is an error")
+
+
+@dataclass
+class TextLoaderSettings:
+    """``train_loader`` / ``eval_loader`` with ``name: text``."""
+
+    dataset: TextDatasetSettings = option(default_factory=TextDatasetSettings, doc="the MDS data and how to read it")
+    drop_last: bool = option(True, "drop the last incomplete batch of an epoch")
+    num_workers: int = option(0, "DataLoader worker processes")
+    prefetch_factor: int | None = option(None, "batches each worker loads ahead (needs num_workers > 0; default 2)")
+    pin_memory: bool = option(False, "pin batches in page-locked memory (faster host-to-GPU copies)")
+    persistent_workers: bool = option(False, "keep workers alive between epochs (needs num_workers > 0)")
+    timeout: float = option(0, "seconds to wait for a batch from a worker (0: forever)")
+
+
+# ----------------------------------------------------------------------------------------------- local folders
+_used_locals: dict[str, int] = {}
+_used_lock = threading.Lock()
+
+
+def cache_root() -> str:
+    """Where shards streamed from a remote are cached (``LLMFOUNDRY_CACHE``, default: a temp folder)."""
+    return os.environ.get("LLMFOUNDRY_CACHE") or os.path.join(tempfile.gettempdir(), "llmfoundry-mds-cache")
+
+
+def _run_key() -> str:
+    """Same for every rank of one launch on a node, different between launches (so caches do not collide)."""
+    if int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1"))) > 1:
+        return f"{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}-{os.getppid()}"
+    return f"pid{os.getpid()}"
+
+
+def resolve_local(remote: str | None, local: str | None, split: str | None, key: str) -> str | None:
+    """The local folder for one stream.
+
+    Without a remote the local folder is the data and must exist. With a remote, an unset local becomes a
+    folder under ``cache_root()``; and because streaming refuses two live datasets that cache one remote into
+    the same folder, a second dataset in this process that names the same local folder gets a sub-folder.
+    """
+    if remote is None:
+        if local is None:
+            raise ConfigError(f"{key}: set remote (s3://...) or local (a folder of MDS shards)")
+        folder = os.path.join(local, split) if split else local
+        if not os.path.isfile(os.path.join(folder, "index.json")):
+            what = "does not exist" if not os.path.exists(folder) else "has no index.json (not an MDS dataset)"
+            raise ConfigError(
+                f"{key}.local: folder '{folder}' {what} (set {key}.remote or run data_prep/convert_text_to_mds.py "
+                "or data_prep/convert_dataset_hf.py to create it)"
+            )
+        return local
+    with _used_lock:
+        if local is None:
+            digest = hashlib.sha1(f"{remote}|{split}".encode()).hexdigest()[:12]
+            local = os.path.join(cache_root(), _run_key(), digest)
+        count = _used_locals.get(local, 0)
+        _used_locals[local] = count + 1
+    return local if count == 0 else os.path.join(local, f"_copy{count}")
+
+
+def build_streams(settings: StreamingOptions, key: str):
+    """(streams or None, remote, local) for StreamingDataset from the settings."""
+    from llmfoundry.data.streaming_guard import import_streaming
+
+    streaming = import_streaming()
+    if settings.streams:
+        if settings.remote is not None or settings.local is not None:
+            raise ConfigError(f"{key}: set either streams or remote/local, not both")
+        streams = []
+        for name, stream in settings.streams.items():
+            if isinstance(stream, dict):
+                stream = StreamSettings(**stream)
+            split = stream.split if stream.split is not None else settings.split
+            local = resolve_local(stream.remote, stream.local, split, f"{key}.streams.{name}")
+            streams.append(
+                streaming.Stream(
+                    remote=stream.remote,
+                    local=local,
+                    split=split,
+                    proportion=stream.proportion,
+                    repeat=stream.repeat,
+                    choose=stream.choose,
+                    download_retry=stream.download_retry,
+                    download_timeout=stream.download_timeout,
+                    validate_hash=stream.validate_hash,
+                    keep_zip=stream.keep_zip,
+                )
+            )
+        return streams, None, None
+    local = resolve_local(settings.remote, settings.local, settings.split, key)
+    return None, settings.remote, local
+
+
+def streaming_kwargs(settings: StreamingOptions, batch_size: int, key: str) -> dict[str, Any]:
+    streams, remote, local = build_streams(settings, key)
+    return dict(
+        streams=streams,
+        remote=remote,
+        local=local,
+        split=settings.split if streams is None else None,
+        download_retry=settings.download_retry,
+        download_timeout=settings.download_timeout,
+        validate_hash=settings.validate_hash,
+        keep_zip=settings.keep_zip,
+        epoch_size=settings.epoch_size,
+        predownload=settings.predownload,
+        cache_limit=settings.cache_limit,
+        partition_algo=settings.partition_algo,
+        num_canonical_nodes=settings.num_canonical_nodes,
+        batch_size=batch_size,
+        shuffle=settings.shuffle,
+        shuffle_algo=settings.shuffle_algo,
+        shuffle_seed=settings.shuffle_seed,
+        shuffle_block_size=settings.shuffle_block_size,
+        sampling_method=settings.sampling_method,
+        sampling_granularity=settings.sampling_granularity,
+        batching_method=settings.batching_method,
+        replication=settings.replication,
+    )
+
+
+def make_streaming_dataset(cls, settings: StreamingOptions, batch_size: int, key: str, **extra):
+    """Instantiate a StreamingDataset subclass, turning streaming's errors about missing data into ConfigErrors."""
+    try:
+        return cls(**streaming_kwargs(settings, batch_size, key), **extra)
+    except FileNotFoundError as error:
+        raise ConfigError(f"{key}: MDS index not found ({error}); check remote/local/split") from None
+    except Exception as error:
+        text = str(error).replace("\n", " ")
+        if "NoSuchBucket" in text or "404" in text or "Not Found" in text or "does not exist" in text:
+            raise ConfigError(f"{key}: cannot read the MDS index from {settings.remote or settings.streams} ({text[:200]})") from None
+        raise
+
+
+# ----------------------------------------------------------------------------------------------- dataset and batches
+def _streaming_dataset_class():
+    from llmfoundry.data.streaming_guard import import_streaming
+
+    return import_streaming().StreamingDataset
+
+
+class _TextDatasetMixin:
+    """Turns an MDS sample into a 1-D long tensor of at most ``max_seq_len`` token ids."""
+
+    def _setup(self, tokenizer, max_seq_len: int, token_encoding_type: str) -> None:
+        self.tokenizer = tokenizer
+        self.max_seq_len = max_seq_len
+        self.token_encoding_type = token_encoding_type
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        sample = super().__getitem__(index)  # type: ignore[misc]
+        if "tokens" in sample:
+            tokens = sample["tokens"]
+            if isinstance(tokens, (bytes, bytearray)):
+                dtype = np.int64 if self.token_encoding_type == "auto" else np.dtype(self.token_encoding_type)
+                tokens = np.frombuffer(tokens, dtype=dtype)
+            tokens = np.asarray(tokens)[: self.max_seq_len]
+        elif "text" in sample:
+            if self.tokenizer is None:
+                raise ConfigError("text loader: this MDS dataset stores raw `text`; a tokenizer is required")
+            tokens = np.asarray(self.tokenizer(sample["text"], truncation=True, max_length=self.max_seq_len)["input_ids"])
+        else:
+            raise ConfigError(
+                f"text loader: MDS samples have columns {sorted(sample)}; expected 'tokens' (from llmfoundry's "
+                "converters) or 'text'"
+            )
+        return torch.from_numpy(tokens.astype(np.int64))
+
+
+_dataset_classes: dict[str, type] = {}
+
+
+def text_dataset_class() -> type:
+    """StreamingDataset subclass yielding token tensors (created lazily so that importing stays cheap)."""
+    if "text" not in _dataset_classes:
+        base = _streaming_dataset_class()
+        _dataset_classes["text"] = type("StreamingTextDataset", (_TextDatasetMixin, base), {"__module__": __name__})
+    return _dataset_classes["text"]
+
+
+def sequence_ids(input_ids: torch.Tensor, eos_token_id: int | None, bos_token_id: int | None) -> torch.Tensor:
+    """Per-token document index within each row: a new document starts after an EOS or at a BOS."""
+    if eos_token_id is not None:
+        is_end = (input_ids == eos_token_id).long()
+        return torch.cumsum(is_end, dim=1) - is_end  # the EOS belongs to the document it ends
+    assert bos_token_id is not None
+    starts = torch.cumsum((input_ids == bos_token_id).long(), dim=1)
+    return starts - starts[:, :1]
+
+
+class TextCollator:
+    """Stacks token tensors into a batch; pads short rows (labels -100 there)."""
+
+    def __init__(self, max_seq_len: int, pad_token_id: int, eos_token_id: int | None, bos_token_id: int | None):
+        self.max_seq_len = max_seq_len
+        self.pad_token_id = pad_token_id
+        self.eos_token_id = eos_token_id
+        self.bos_token_id = bos_token_id
+
+    def __call__(self, rows: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        length = max(len(r) for r in rows)
+        padded = any(len(r) != length for r in rows)
+        input_ids = torch.full((len(rows), length), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), length), dtype=torch.long)
+        for i, row in enumerate(rows):
+            input_ids[i, : len(row)] = row
+            mask[i, : len(row)] = 1
+        labels = input_ids.clone()
+        batch = {"input_ids": input_ids, "labels": labels}
+        if padded:
+            labels[mask == 0] = IGNORE_INDEX
+            batch["attention_mask"] = mask
+        if self.eos_token_id is not None or self.bos_token_id is not None:
+            batch["sequence_id"] = sequence_ids(input_ids, self.eos_token_id, self.bos_token_id)
+        return batch
+
+
+def check_token_ids(batch: dict[str, torch.Tensor], vocab_size: int, *, key: str = "input_ids") -> None:
+    """Raise a ConfigError when a batch holds a token id outside ``0 .. vocab_size - 1`` (tokenizer/model mismatch)."""
+    ids = batch[key]
+    if ids.numel() == 0:
+        return
+    largest, smallest = int(ids.max()), int(ids.min())
+    if largest >= vocab_size or smallest < 0:
+        bad = largest if largest >= vocab_size else smallest
+        raise ConfigError(
+            f"model.vocab_size: the data holds token id {bad} but the model's vocab_size is {vocab_size}; set "
+            f"model.vocab_size >= {largest + 1} or convert the data with the model's tokenizer"
+        )
+
+
+class _CheckedCollator:
+    def __init__(self, collator, vocab_size: int):
+        self.collator, self.vocab_size = collator, vocab_size
+
+    def __call__(self, rows):
+        batch = self.collator(rows)
+        check_token_ids(batch, self.vocab_size)
+        return batch
+
+
+def dataloader_kwargs(settings: TextLoaderSettings | Any, key: str) -> dict[str, Any]:
+    if settings.num_workers < 0:
+        raise ConfigError(f"{key}.num_workers: expected >= 0, got {settings.num_workers}")
+    kwargs: dict[str, Any] = dict(
+        num_workers=settings.num_workers, pin_memory=settings.pin_memory, drop_last=settings.drop_last, timeout=settings.timeout
+    )
+    if settings.num_workers > 0:
+        kwargs["persistent_workers"] = settings.persistent_workers
+        kwargs["prefetch_factor"] = settings.prefetch_factor or 2
+    elif settings.persistent_workers or settings.prefetch_factor is not None:
+        raise ConfigError(f"{key}: persistent_workers and prefetch_factor need num_workers > 0")
+    return kwargs
+
+
+@dataloaders.register("text", config=TextLoaderSettings)
+def build_text_dataloader(settings: TextLoaderSettings, tokenizer, device_batch_size: int, *, key: str = "train_loader"):
+    """A StreamingDataLoader of pretraining batches (see the module docstring)."""
+    from llmfoundry.data.streaming_guard import import_streaming
+
+    streaming = import_streaming()
+    if isinstance(settings, dict):
+        settings = TextLoaderSettings(dataset=TextDatasetSettings(**settings.pop("dataset", {})), **settings)
+    ds = settings.dataset
+    if ds.max_seq_len <= 0:
+        raise ConfigError(f"{key}.dataset.max_seq_len: expected a positive int, got {ds.max_seq_len}")
+    if device_batch_size <= 0:
+        raise ConfigError(f"{key}: device batch size must be positive, got {device_batch_size}")
+    if ds.eos_token_id is not None and ds.bos_token_id is not None:
+        raise ConfigError(f"{key}.dataset: set eos_token_id or bos_token_id, not both")
+    dataset = make_streaming_dataset(text_dataset_class(), ds, device_batch_size, f"{key}.dataset")
+    dataset._setup(tokenizer, ds.max_seq_len, ds.token_encoding_type)
+    if len(dataset) == 0 if hasattr(dataset, "__len__") else False:
+        raise ConfigError(f"{key}.dataset: the MDS dataset has no samples for this rank; convert more data")
+    pad = ds.pad_token_id
+    if pad is None and tokenizer is not None:
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    collator: Any = TextCollator(ds.max_seq_len, pad if pad is not None else 0, ds.eos_token_id, ds.bos_token_id)
+    if ds.vocab_size is not None:
+        collator = _CheckedCollator(collator, ds.vocab_size)
+    return streaming.StreamingDataLoader(
+        dataset, batch_size=device_batch_size, collate_fn=collator, **dataloader_kwargs(settings, key)
+    )
