@@ -1,0 +1,259 @@
+"""MPT architecture options: typed dataclasses (the YAML schema) and ``MPTConfig`` (the transformers config).
+
+The dataclasses below are the single source of truth for every key and default. ``MPTConfig`` stores the same
+values as plain attributes (nested sections as dicts, so that ``config.json`` stays readable and llm-foundry-like)
+and turns them back into the typed form with ``config.arch()``.
+
+Names and defaults follow llm-foundry, except ``attn_impl`` whose default is ``sdpa`` so that the default model
+runs on a CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from transformers import PretrainedConfig
+
+from llmfoundry.config.errors import ConfigError, did_you_mean
+from llmfoundry.config.fields import option
+
+NormType = Literal["layernorm", "low_precision_layernorm", "rmsnorm", "low_precision_rmsnorm"]
+InitName = Literal[
+    "kaiming_normal_", "kaiming_uniform_", "xavier_normal_", "xavier_uniform_", "baseline_", "small_init_",
+    "neox_init_",
+]  # fmt: skip
+
+
+@dataclass
+class AttnConfig:
+    attn_type: Literal["multihead_attention", "multiquery_attention", "grouped_query_attention"] = option(
+        "multihead_attention", "multihead_attention, multiquery_attention (one kv head) or grouped_query_attention"
+    )
+    attn_impl: Literal["torch", "sdpa", "flash"] = option(
+        "sdpa", "torch (explicit reference), sdpa (torch's fused kernels), flash (flash-attn if installed, else sdpa)"
+    )
+    attn_pdrop: float = option(0.0, "dropout on attention probabilities")
+    kv_n_heads: int = option(1, "key/value heads for grouped_query_attention (must divide n_heads)")
+    qk_ln: bool = option(False, "normalise queries and keys (over the whole projection) before attention")
+    qk_gn: bool = option(False, "normalise queries and keys per head (group norm) before attention")
+    clip_qkv: float | None = option(None, "clamp the q/k/v projections to [-clip_qkv, clip_qkv]")
+    softmax_scale: float | None = option(None, "attention logit scale; default 1/sqrt(head_dim)")
+    fused_qkv: bool = option(True, "one Wqkv projection instead of separate q_proj/k_proj/v_proj")
+    alibi: bool = option(False, "ALiBi linear attention biases")
+    alibi_bias_max: int = option(8, "ALiBi: the slope of head h is 2^(-alibi_bias_max * h / n_heads)")
+    rope: bool = option(False, "rotary position embeddings")
+    rope_theta: float = option(10000.0, "RoPE base")
+    rope_impl: Literal["dail", "hf"] = option("dail", "RoPE convention name (both rotate halves, like Llama)")
+    rope_dail_config: dict[str, Any] = option(
+        {"type": "original", "pos_idx_in_fp32": True, "xpos_scale_base": 512}, "RoPE variant", unsupported="xpos"
+    )
+    rope_hf_config: dict[str, Any] = option(
+        {"type": "no_scaling", "factor": 1.0}, "RoPE scaling", unsupported="RoPE scaling"
+    )
+    attn_uses_sequence_id: bool = option(False, "block-diagonal causal attention: packed documents stay separate")
+    sliding_window_size: int = option(-1, "attend only to the previous N tokens (-1: unlimited)")
+    attn_logit_softcapping: float | None = option(None, "cap attention logits with cap * tanh(logit / cap)")
+
+
+@dataclass
+class FFNConfig:
+    ffn_type: Literal["mptmlp", "mptglu"] = option("mptmlp", "mptmlp (up, act, down) or mptglu (gated, SwiGLU)")
+    ffn_hidden_size: int | None = option(None, "hidden width; default expansion_ratio * d_model")
+    ffn_act_fn: dict[str, Any] | None = option(
+        None, "activation as {name: gelu|silu|relu, approximate: none|tanh}; default gelu for mptmlp, silu for mptglu"
+    )
+
+
+@dataclass
+class InitConfig:
+    name: InitName = option("kaiming_normal_", "weight initialisation scheme")
+    init_div_is_residual: bool | float = option(
+        True, "divide residual output projections by sqrt(2 * n_layers) (true) or by this number"
+    )
+    emb_init_std: float | None = option(None, "std of the embedding init (overrides the scheme)")
+    emb_init_uniform_lim: float | list[float] | None = option(None, "uniform embedding init in [-lim, lim] or [a, b]")
+    init_std: float | None = option(None, "std for baseline_")
+    init_gain: float = option(0.0, "gain (kaiming: negative slope a; xavier: gain, 0 meaning 1)")
+    fan_mode: Literal["fan_in", "fan_out"] = option("fan_in", "kaiming fan mode")
+    init_nonlinearity: Literal["relu", "leaky_relu", "linear", "tanh"] = option("relu", "kaiming nonlinearity")
+    verbose: int = option(0, "unused; accepted for llm-foundry compatibility")
+
+
+@dataclass
+class MPTArch:
+    """Everything that defines an MPT network (what ``config.json`` holds)."""
+
+    d_model: int = option(2048, "hidden size")
+    n_heads: int = option(16, "attention (query) heads")
+    n_layers: int = option(24, "transformer blocks")
+    head_dim: int | None = option(None, "per-head width; default d_model // n_heads")
+    expansion_ratio: float = option(4, "FFN width = expansion_ratio * d_model (unless ffn_hidden_size is set)")
+    max_seq_len: int = option(2048, "longest sequence (size of learned positions)")
+    vocab_size: int = option(50368, "embedding rows (at least the tokenizer's length)")
+    resid_pdrop: float = option(0.0, "dropout on each residual branch output")
+    emb_pdrop: float = option(0.0, "dropout on the embeddings")
+    learned_pos_emb: bool = option(True, "learned absolute position embeddings (wpe)")
+    no_bias: bool = option(False, "no bias in linear layers and norms")
+    attention_bias: bool | None = option(None, "bias in the attention projections; default: not no_bias")
+    norm_type: NormType = option("low_precision_layernorm", "normalisation layer")
+    norm_eps: float = option(1e-5, "epsilon of the norms")
+    tie_word_embeddings: bool = option(True, "the output projection is the token embedding")
+    logit_scale: float | str | None = option(None, "multiply logits by this number or 'inv_sqrt_d_model'")
+    final_logit_softcapping: float | None = option(None, "cap output logits with cap * tanh(logit / cap)")
+    embedding_fraction: float = option(1.0, "scale the embedding gradient by this fraction (GLM-130B trick)")
+    init_device: Literal["cpu", "meta"] = option(
+        "cpu", "where parameters are created; meta defers allocation until the trainer materialises shards"
+    )
+    use_cache: bool = option(False, "return a KV cache from forward by default")
+    attn_config: AttnConfig = option(default_factory=AttnConfig, doc="attention options")
+    ffn_config: FFNConfig = option(default_factory=FFNConfig, doc="feed-forward options")
+    init_config: InitConfig = option(default_factory=InitConfig, doc="initialisation options")
+
+    # -- derived values (not config keys) -------------------------------------------------------------------
+    @property
+    def head_size(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        kind = self.attn_config.attn_type
+        if kind == "multihead_attention":
+            return self.n_heads
+        if kind == "multiquery_attention":
+            return 1
+        return self.attn_config.kv_n_heads
+
+    @property
+    def ffn_hidden(self) -> int:
+        if self.ffn_config.ffn_hidden_size is not None:
+            return self.ffn_config.ffn_hidden_size
+        return int(self.expansion_ratio * self.d_model)
+
+    @property
+    def qkv_bias(self) -> bool:
+        return (not self.no_bias) if self.attention_bias is None else self.attention_bias
+
+    def validate(self, prefix: str = "model") -> None:
+        """Raise ConfigError naming every inconsistent key (types are the schema validator's job)."""
+        p, a, f = prefix, self.attn_config, self.ffn_config
+        problems = []
+        for key in ("d_model", "n_heads", "n_layers", "max_seq_len", "vocab_size"):
+            if getattr(self, key) <= 0:
+                problems.append(f"{p}.{key}: must be positive, got {getattr(self, key)}")
+        if self.head_dim is None and self.n_heads > 0 and self.d_model % self.n_heads:
+            problems.append(
+                f"{p}.d_model: {self.d_model} is not divisible by {p}.n_heads={self.n_heads} (or set {p}.head_dim)"
+            )
+        if a.attn_type == "grouped_query_attention":
+            if a.kv_n_heads <= 0 or self.n_heads % a.kv_n_heads:
+                problems.append(
+                    f"{p}.attn_config.kv_n_heads: {a.kv_n_heads} must be a positive divisor of {p}.n_heads={self.n_heads}"
+                )
+        if a.alibi and a.rope:
+            problems.append(f"{p}.attn_config.alibi and {p}.attn_config.rope: choose one positional scheme")
+        if a.rope and self.head_size % 2:
+            problems.append(f"{p}.attn_config.rope: needs an even head size, got {self.head_size}")
+        if a.qk_ln and a.qk_gn:
+            problems.append(f"{p}.attn_config.qk_ln and {p}.attn_config.qk_gn: choose one")
+        if a.sliding_window_size == 0 or a.sliding_window_size < -1:
+            problems.append(f"{p}.attn_config.sliding_window_size: -1 (off) or a positive window, got {a.sliding_window_size}")
+        for key, value in (("attn_pdrop", a.attn_pdrop), ("resid_pdrop", self.resid_pdrop), ("emb_pdrop", self.emb_pdrop)):
+            if not 0.0 <= value < 1.0:
+                where = f"{p}.attn_config.{key}" if key == "attn_pdrop" else f"{p}.{key}"
+                problems.append(f"{where}: a probability in [0, 1), got {value}")
+        if not 0.0 < self.embedding_fraction <= 1.0:
+            problems.append(f"{p}.embedding_fraction: in (0, 1], got {self.embedding_fraction}")
+        if isinstance(self.logit_scale, str) and self.logit_scale != "inv_sqrt_d_model":
+            problems.append(f"{p}.logit_scale: a number or 'inv_sqrt_d_model', got '{self.logit_scale}'")
+        if f.ffn_act_fn is not None:
+            name = f.ffn_act_fn.get("name")
+            if name not in ACTIVATIONS:
+                problems.append(f"{p}.ffn_config.ffn_act_fn.name: '{name}' is not one of {', '.join(ACTIVATIONS)}")
+        if self.init_config.name == "baseline_" and self.init_config.init_std is None:
+            problems.append(f"{p}.init_config.init_std: required by init_config.name=baseline_")
+        if problems:
+            raise ConfigError.many(problems)
+
+
+ACTIVATIONS = ("gelu", "silu", "relu", "gelu_tanh")
+
+
+# -- dict <-> dataclass helpers (also used by the schema-free paths: config.json, tests) ----------------------
+
+def from_dict(cls: type, values: dict[str, Any], prefix: str) -> Any:
+    """Build dataclass ``cls`` from a dict, recursing into nested dataclass fields; unknown keys are errors."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = [k for k in values if k not in fields]
+    if unknown:
+        raise ConfigError.many([f"{prefix}.{k}: unknown key{did_you_mean(k, fields)}" for k in unknown])
+    kwargs = {}
+    for name, value in values.items():
+        default = fields[name].default_factory if fields[name].default_factory is not dataclasses.MISSING else None
+        if dataclasses.is_dataclass(default) and isinstance(value, dict):
+            value = from_dict(default, value, f"{prefix}.{name}")
+        elif dataclasses.is_dataclass(default) and value is None:
+            value = default()
+        kwargs[name] = value
+    return cls(**kwargs)
+
+
+def to_dict(obj: Any) -> dict[str, Any]:
+    return dataclasses.asdict(obj)
+
+
+ARCH_KEYS = tuple(f.name for f in dataclasses.fields(MPTArch))
+
+
+class MPTConfig(PretrainedConfig):
+    """transformers config for ``MPTForCausalLM``; its keys are exactly ``MPTArch``'s fields."""
+
+    model_type = "llmfoundry_mpt"
+    attribute_map = {"hidden_size": "d_model", "num_attention_heads": "n_heads", "num_hidden_layers": "n_layers"}
+
+    def __init__(self, **kwargs: Any):
+        arch_values = {k: kwargs.pop(k) for k in list(kwargs) if k in ARCH_KEYS}
+        # llm-foundry configs saved with older keys: accept and drop the ones that never change the network.
+        for legacy in ("fc_type", "verbose", "use_pad_tok_in_ffn", "block_overrides"):
+            kwargs.pop(legacy, None)
+        arch = from_dict(MPTArch, arch_values, "model")
+        arch.validate()
+        for key, value in to_dict(arch).items():
+            if key != "tie_word_embeddings":
+                setattr(self, key, value)
+        super().__init__(tie_word_embeddings=arch.tie_word_embeddings, **kwargs)
+
+    def arch(self) -> MPTArch:
+        """The typed architecture these attributes describe."""
+        return from_dict(MPTArch, {k: getattr(self, k) for k in ARCH_KEYS}, "model")
+
+    @classmethod
+    def from_arch(cls, arch: MPTArch, **kwargs: Any) -> "MPTConfig":
+        return cls(**to_dict(arch), **kwargs)
+
+
+def resolve_attn_impl(impl: str) -> str:
+    """``flash`` means flash-attn when it is installed; otherwise SDPA (which uses flash kernels on GPUs anyway)."""
+    if impl != "flash":
+        return impl
+    try:
+        import flash_attn  # noqa: F401
+    except ImportError:
+        if not getattr(resolve_attn_impl, "_warned", False):
+            warnings.warn("attn_impl=flash: flash-attn is not installed; using torch SDPA instead", stacklevel=2)
+            resolve_attn_impl._warned = True
+        return "sdpa"
+    return "flash"
+
+
+@dataclass
+class MPTModelSettings(MPTArch):
+    """The `model:` section for `name: mpt_causal_lm`: the architecture plus where to start from."""
+
+    pretrained_model_name_or_path: str | None = option(
+        None,
+        "start from this folder: our MPT, transformers' MPT or a Llama-style model (its config.json then defines "
+        "the architecture; attn_impl, dropouts and init_device still come from here)",
+    )

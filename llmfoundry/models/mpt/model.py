@@ -1,0 +1,209 @@
+"""MPT: a decoder-only transformer, read top to bottom.
+
+    tokens -> wte (+ wpe) -> [norm_1 -> attention -> +residual -> norm_2 -> ffn -> +residual] x n_layers
+           -> norm_f -> logits (wte^T when tied, else lm_head)
+
+Parameter names follow llm-foundry's MPT (transformer.wte, transformer.blocks.N.attn.Wqkv, ...), so that
+llm-foundry checkpoints and transformers' MptForCausalLM map onto this model one to one.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import DynamicCache, GenerationMixin, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from llmfoundry.models.layers.attention import Attention, AttentionMask
+from llmfoundry.models.layers.ffn import build_ffn
+from llmfoundry.models.layers.init import init_module
+from llmfoundry.models.layers.norm import build_norm
+from llmfoundry.models.layers.positional import RotaryEmbedding, alibi_slopes
+from llmfoundry.models.mpt.config import MPTArch, MPTConfig, resolve_attn_impl
+
+
+class MPTBlock(nn.Module):
+    def __init__(self, arch: MPTArch, layer_idx: int, attn_impl: str):
+        super().__init__()
+        norm_bias = not arch.no_bias
+        self.norm_1 = build_norm(arch.norm_type, arch.d_model, arch.norm_eps, norm_bias)
+        self.attn = Attention(arch, layer_idx, attn_impl)
+        self.norm_2 = build_norm(arch.norm_type, arch.d_model, arch.norm_eps, norm_bias)
+        self.ffn = build_ffn(arch)
+        self.resid_attn_dropout = nn.Dropout(arch.resid_pdrop)
+        self.resid_ffn_dropout = nn.Dropout(arch.resid_pdrop)
+
+    def forward(self, x: torch.Tensor, mask: AttentionMask, rope=None, cache=None) -> torch.Tensor:
+        x = x + self.resid_attn_dropout(self.attn(self.norm_1(x), mask, rope, cache))
+        x = x + self.resid_ffn_dropout(self.ffn(self.norm_2(x)))
+        return x
+
+
+class MPTModel(nn.Module):
+    """Embeddings, blocks and the final norm: (B, T) token ids -> (B, T, d_model) hidden states."""
+
+    def __init__(self, arch: MPTArch):
+        super().__init__()
+        self.arch = arch
+        a = arch.attn_config
+        attn_impl = resolve_attn_impl(a.attn_impl)
+        self.wte = nn.Embedding(arch.vocab_size, arch.d_model)
+        if arch.learned_pos_emb:
+            self.wpe = nn.Embedding(arch.max_seq_len, arch.d_model)
+        self.emb_drop = nn.Dropout(arch.emb_pdrop)
+        self.blocks = nn.ModuleList([MPTBlock(arch, i, attn_impl) for i in range(arch.n_layers)])
+        self.norm_f = build_norm(arch.norm_type, arch.d_model, arch.norm_eps, not arch.no_bias)
+        self.rotary = RotaryEmbedding(arch.head_size, a.rope_theta) if a.rope else None
+        # ALiBi slopes are a pure function of the config: not a parameter and not saved.
+        self.slopes = alibi_slopes(arch.n_heads, a.alibi_bias_max, device="cpu") if a.alibi else None
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # (B, T)
+        attention_mask: torch.Tensor | None = None,  # (B, S) over cached + new tokens; 0 = padding
+        sequence_id: torch.Tensor | None = None,  # (B, T) document ids of packed sequences
+        position_ids: torch.Tensor | None = None,  # (B, T)
+        cache: DynamicCache | None = None,
+    ) -> torch.Tensor:
+        arch, a = self.arch, self.arch.attn_config
+        B, T = input_ids.shape
+        past = cache.get_seq_length() if cache is not None else 0
+        if not a.attn_uses_sequence_id:
+            sequence_id = None  # llm-foundry semantics: packed documents see each other unless asked otherwise
+        if sequence_id is not None and past > 0:
+            raise ValueError("sequence_id cannot be combined with a KV cache (it is for packed training batches)")
+        if position_ids is None:
+            position_ids = _positions(B, T, past, attention_mask, sequence_id, input_ids.device)
+
+        x = self.wte(input_ids)  # (B, T, d_model)
+        if arch.learned_pos_emb:
+            if int(position_ids.max()) >= arch.max_seq_len:
+                raise ValueError(f"position {int(position_ids.max())} >= max_seq_len={arch.max_seq_len}")
+            x = x + self.wpe(position_ids)
+        if arch.embedding_fraction < 1.0:
+            # Scale the embedding's gradient (not its value) by embedding_fraction, as in GLM-130B.
+            x = x * arch.embedding_fraction + x.detach() * (1 - arch.embedding_fraction)
+        x = self.emb_drop(x)
+
+        dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+        q_pos = torch.arange(past, past + T, device=x.device)
+        mask = AttentionMask.build(
+            q_pos, past + T, attention_mask, sequence_id, self.slopes, a.sliding_window_size, dtype
+        )
+        rope = self.rotary(position_ids, dtype) if self.rotary is not None else None
+        for block in self.blocks:
+            x = block(x, mask, rope, cache)
+        return self.norm_f(x)
+
+
+def _positions(B: int, T: int, past: int, attention_mask, sequence_id, device) -> torch.Tensor:
+    """(B, T) position of each new token: counted from the first real token (left padding), and restarted at
+    each packed document, so that a padded or packed sequence sees the positions it would see alone."""
+    if attention_mask is not None and not bool(attention_mask.all()):
+        positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, S)
+        return positions[:, -T:]
+    if sequence_id is not None:
+        idx = torch.arange(T, device=device).expand(B, T)
+        starts = torch.ones_like(sequence_id, dtype=torch.bool)
+        starts[:, 1:] = sequence_id[:, 1:] != sequence_id[:, :-1]
+        doc_start = torch.where(starts, idx, torch.zeros_like(idx)).cummax(dim=-1).values
+        return idx - doc_start
+    return torch.arange(past, past + T, device=device).expand(B, T)
+
+
+class MPTPreTrainedModel(PreTrainedModel):
+    config_class = MPTConfig
+    base_model_prefix = "transformer"
+    _no_split_modules = ["MPTBlock"]
+
+    def _init_weights(self, module: nn.Module) -> None:
+        init_module(module, self.arch)
+
+
+class MPTForCausalLM(MPTPreTrainedModel, GenerationMixin):
+    supports_sequence_id = True
+
+    def __init__(self, config: MPTConfig):
+        super().__init__(config)
+        self.arch = arch = config.arch()
+        # init_device: meta creates parameters without storage; the trainer materialises them shard by shard
+        # (to_empty) and then calls init_parameters().
+        device = torch.device("meta") if arch.init_device == "meta" else None
+        with device if device is not None else _nullcontext():
+            self.transformer = MPTModel(arch)
+            self.lm_head = None if arch.tie_word_embeddings else nn.Linear(arch.d_model, arch.vocab_size, bias=False)
+        self.logit_scale = 1 / math.sqrt(arch.d_model) if arch.logit_scale == "inv_sqrt_d_model" else arch.logit_scale
+        self.post_init()
+
+    # -- what the trainer relies on ---------------------------------------------------------------------------
+    def blocks(self) -> list[nn.Module]:
+        return list(self.transformer.blocks)
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token: 6 per (non-positional) parameter plus attention's 12 * L * d * T."""
+        n = sum(p.numel() for name, p in self.named_parameters() if not name.startswith("transformer.wpe"))
+        return 6.0 * n + 12.0 * self.arch.n_layers * self.arch.n_heads * self.arch.head_size * seq_len
+
+    @torch.no_grad()
+    def init_parameters(self) -> None:
+        """(Re)initialise every parameter, e.g. after materialising a meta-device model with to_empty()."""
+        for module in self.modules():
+            init_module(module, self.arch)
+
+    # -- transformers plumbing --------------------------------------------------------------------------------
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.transformer.wte
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.transformer.wte = value
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        sequence_id: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        past_key_values: DynamicCache | None = None,
+        use_cache: bool | None = None,
+        position_ids: torch.Tensor | None = None,
+        logits_to_keep: int = 0,
+        **kwargs,
+    ) -> CausalLMOutputWithPast:
+        use_cache = self.arch.use_cache if use_cache is None else use_cache
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache()
+        cache = past_key_values if use_cache or past_key_values is not None else None
+
+        h = self.transformer(input_ids, attention_mask, sequence_id, position_ids, cache)  # (B, T, d_model)
+        if logits_to_keep:  # generation only needs the last position
+            h = h[:, -logits_to_keep:]
+        weight = self.transformer.wte.weight if self.lm_head is None else self.lm_head.weight
+        logits = F.linear(h, weight)  # (B, T, vocab)
+        if self.logit_scale is not None:
+            logits = logits * self.logit_scale
+        if self.arch.final_logit_softcapping is not None:
+            cap = self.arch.final_logit_softcapping
+            logits = cap * torch.tanh(logits / cap)
+
+        loss = causal_lm_loss(logits, labels) if labels is not None else None
+        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=cache if use_cache else None)
+
+
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of position t predicting labels[t + 1]; -100 is ignored (labels are not pre-shifted)."""
+    shifted = logits[:, :-1].reshape(-1, logits.shape[-1]).float()
+    return F.cross_entropy(shifted, labels[:, 1:].reshape(-1), ignore_index=-100)
+
+
+class _nullcontext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False

@@ -1,0 +1,109 @@
+import dataclasses
+
+import pytest
+import torch
+
+from llmfoundry.config.errors import ConfigError
+from llmfoundry.models.mpt import MPTConfig, MPTForCausalLM, MPTModelSettings
+from llmfoundry.registry import models
+from tests.models.helpers import tiny_config, tiny_model
+
+
+def test_mpt_builder_is_registered_with_its_settings_dataclass(tokenizer):
+    entry = models.get("mpt_causal_lm")
+    assert entry.config is MPTModelSettings
+    assert "name" not in {f.name for f in dataclasses.fields(MPTModelSettings)}
+    settings = MPTModelSettings(d_model=32, n_heads=4, n_layers=2, max_seq_len=32, vocab_size=512)
+    model = entry.builder(settings, tokenizer)
+    assert isinstance(model, MPTForCausalLM)
+    assert len(model.blocks()) == 2
+
+
+def test_defaults_follow_llm_foundry_except_attn_impl():
+    config = MPTConfig()
+    assert (config.d_model, config.n_heads, config.n_layers, config.vocab_size) == (2048, 16, 24, 50368)
+    assert config.norm_type == "low_precision_layernorm" and config.learned_pos_emb and not config.no_bias
+    assert config.attn_config["attn_impl"] == "sdpa"
+    assert config.ffn_config["ffn_type"] == "mptmlp" and config.init_config["name"] == "kaiming_normal_"
+
+
+def test_vocab_smaller_than_tokenizer_is_a_config_error(tokenizer):
+    settings = MPTModelSettings(d_model=32, n_heads=4, n_layers=1, max_seq_len=32, vocab_size=100)
+    with pytest.raises(ConfigError, match="model.vocab_size"):
+        models.get("mpt_causal_lm").builder(settings, tokenizer)
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (dict(d_model=30), "model.d_model"),
+        (dict(attn_config={"attn_type": "grouped_query_attention", "kv_n_heads": 3}), "model.attn_config.kv_n_heads"),
+        (dict(attn_config={"alibi": True, "rope": True}), "model.attn_config.alibi"),
+        (dict(attn_config={"qk_ln": True, "qk_gn": True}), "model.attn_config.qk_ln"),
+        (dict(init_config={"name": "baseline_"}), "model.init_config.init_std"),
+        (dict(attn_config={"bogus": 1}), "model.attn_config.bogus"),
+    ],
+)
+def test_invalid_combinations_are_config_errors_naming_the_key(overrides, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        tiny_config(**overrides)
+
+
+def test_forward_backward_and_loss_ignores_minus_100():
+    model = tiny_model(attn_config={"alibi": True}, learned_pos_emb=False).train()
+    x = torch.randint(0, 512, (2, 16))
+    labels = x.clone()
+    labels[:, :8] = -100
+    out = model(x, labels=labels)
+    assert out.logits.shape == (2, 16, 512)
+    expected = torch.nn.functional.cross_entropy(out.logits[:, 7:-1].reshape(-1, 512), x[:, 8:].reshape(-1))
+    torch.testing.assert_close(out.loss, expected)
+    out.loss.backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_tied_embeddings_have_no_separate_head_and_untied_do():
+    assert tiny_model().lm_head is None
+    untied = tiny_model(tie_word_embeddings=False)
+    assert untied.lm_head is not None and untied.lm_head.weight.data_ptr() != untied.transformer.wte.weight.data_ptr()
+
+
+def test_save_and_from_pretrained_round_trip(tmp_path):
+    model = tiny_model(attn_config={"rope": True}, learned_pos_emb=False, norm_type="rmsnorm")
+    x = torch.randint(0, 512, (1, 12))
+    model.save_pretrained(tmp_path)
+    loaded = MPTForCausalLM.from_pretrained(tmp_path).eval()
+    assert loaded.arch == model.arch
+    torch.testing.assert_close(loaded(x).logits, model(x).logits, rtol=0, atol=0)
+
+
+def test_meta_init_then_materialise():
+    model = MPTForCausalLM(tiny_config(init_device="meta"))
+    assert all(p.is_meta for p in model.parameters())
+    model.to_empty(device="cpu")
+    model.init_parameters()
+    out = model(torch.randint(0, 512, (1, 8)))
+    assert torch.isfinite(out.logits).all()
+
+
+def test_flops_per_token_counts_params_and_attention():
+    model = tiny_model(learned_pos_emb=False)
+    n = sum(p.numel() for p in model.parameters())
+    assert model.flops_per_token(16) == pytest.approx(6 * n + 12 * 2 * 32 * 16)
+
+
+@pytest.mark.parametrize("name", ["kaiming_normal_", "kaiming_uniform_", "xavier_normal_", "xavier_uniform_",
+                                  "small_init_", "neox_init_"])
+def test_every_init_scheme_gives_finite_nonzero_weights(name):
+    model = tiny_model(init_config={"name": name, "emb_init_std": 0.02})
+    w = model.transformer.blocks[0].attn.Wqkv.weight
+    assert torch.isfinite(w).all() and w.std() > 0
+    assert model.transformer.wte.weight.std().item() == pytest.approx(0.02, rel=0.2)
+
+
+def test_residual_projections_are_scaled_down():
+    torch.manual_seed(0)
+    plain = tiny_model(init_config={"init_div_is_residual": False}, n_layers=8)
+    scaled = tiny_model(init_config={"init_div_is_residual": True}, n_layers=8)
+    ratio = (plain.transformer.blocks[0].ffn.down_proj.weight.std() / scaled.transformer.blocks[0].ffn.down_proj.weight.std()).item()
+    assert ratio == pytest.approx(4.0, rel=0.15)  # sqrt(2 * 8)
