@@ -51,3 +51,76 @@ def tokenizer(tokenizer_dir):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(tokenizer_dir))
+
+
+# ----------------------------------------------------------------------------------------------- S3 (moto server)
+class MotoS3Server:
+    """moto's S3 server in a thread on 127.0.0.1 (a free port); ``stop()``/``start()`` simulate an outage.
+
+    The stored objects live in this process's moto backend, so they survive a stop/start on the same port.
+    """
+
+    def __init__(self):
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._server = None
+
+    def start(self) -> None:
+        from moto.server import ThreadedMotoServer
+
+        if self._server is None:
+            self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+            self._server.start()
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+    def reset(self) -> None:
+        """Delete every bucket and object."""
+        import urllib.request
+
+        urllib.request.urlopen(urllib.request.Request(f"{self.url}/moto-api/reset", method="POST"), timeout=10).read()
+
+
+@pytest.fixture(scope="session")
+def moto_s3():
+    """The session's moto S3 server (use ``s3_server`` in tests; this one to stop/start it)."""
+    pytest.importorskip("moto.server")
+    server = MotoS3Server()
+    server.start()
+    yield server
+    server.stop()
+
+
+S3_TEST_BUCKET = "llmfoundry-test"
+
+
+@pytest.fixture
+def s3_server(moto_s3, monkeypatch):
+    """Endpoint URL of a running, empty moto S3 server holding the bucket ``S3_TEST_BUCKET`` ('llmfoundry-test').
+
+    Sets AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_DEFAULT_REGION / S3_ENDPOINT_URL / AWS_ENDPOINT_URL_S3 for the test (subprocesses
+    started by the test inherit them). ``moto_s3.stop()`` / ``moto_s3.start()`` simulate an outage.
+    """
+    moto_s3.start()  # a test may have stopped it
+    moto_s3.reset()
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_SESSION_TOKEN": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_REGION": "us-east-1",
+        "S3_ENDPOINT_URL": moto_s3.url,  # streaming and llmfoundry read this one
+        "AWS_ENDPOINT_URL_S3": moto_s3.url,  # plain boto3 clients read this one
+    }.items():
+        monkeypatch.setenv(name, value)
+    import boto3
+
+    boto3.client("s3", endpoint_url=moto_s3.url).create_bucket(Bucket=S3_TEST_BUCKET)
+    yield moto_s3.url
