@@ -1,0 +1,1 @@
+"""Inference entry points: `llmfoundry generate` (generate.py)."""

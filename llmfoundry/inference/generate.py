@@ -1,0 +1,92 @@
+"""`llmfoundry generate MODEL --prompt TEXT [--prompt ...] --max_new_tokens N --temperature 0`.
+
+MODEL is one of our checkpoints or a Hugging Face folder (ours or transformers-native). Prompts are batched with
+left padding; temperature 0 means greedy decoding. Completions go to stdout, the speed to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from llmfoundry.config.errors import ConfigError
+
+
+def generate_ids(model, tokenizer, prompts: list[str], *, max_new_tokens: int, temperature: float = 0.0,
+                 top_p: float = 1.0, top_k: int = 0, batch_size: int | None = None) -> list[list[int]]:  # fmt: skip
+    """The new token ids for each prompt (padding and anything after EOS removed)."""
+    tokenizer.padding_side = "left"  # generation appends on the right, so real tokens must end each row
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    device = next(model.parameters()).device
+    sample = temperature > 0
+    options = dict(max_new_tokens=max_new_tokens, do_sample=sample, pad_token_id=pad_id,
+                   eos_token_id=tokenizer.eos_token_id, use_cache=True)  # fmt: skip
+    if sample:
+        options.update(temperature=temperature, top_p=top_p, top_k=top_k or None)
+    else:  # make greedy explicit even if the folder's generation_config asks for sampling
+        options.update(temperature=None, top_p=None, top_k=None)
+    results: list[list[int]] = []
+    step = batch_size or len(prompts)
+    for start in range(0, len(prompts), step):
+        batch = prompts[start : start + step]
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token_id = pad_id
+        enc = tokenizer(batch, return_tensors="pt", padding=True)
+        with torch.no_grad():
+            out = model.generate(enc["input_ids"].to(device), attention_mask=enc["attention_mask"].to(device), **options)
+        for row in out[:, enc["input_ids"].shape[1] :].tolist():
+            if tokenizer.eos_token_id is not None and tokenizer.eos_token_id in row:
+                row = row[: row.index(tokenizer.eos_token_id)]
+            results.append(row)
+    return results
+
+
+def _read_prompts(args) -> list[str]:
+    prompts = list(args.prompt or [])
+    if args.prompts_file:
+        path = Path(args.prompts_file)
+        if not path.is_file():
+            raise ConfigError(f"--prompts_file: '{path}' does not exist")
+        prompts += [line.rstrip("\n") for line in path.read_text().splitlines() if line.strip()]
+    if not prompts:
+        raise ConfigError("generate: give at least one --prompt or a --prompts_file")
+    return prompts
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="llmfoundry generate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("model", help="a checkpoint folder of ours or a Hugging Face folder")
+    parser.add_argument("--prompt", action="append", help="a prompt (repeat for a batch)")
+    parser.add_argument("--prompts_file", help="a text file with one prompt per line")
+    parser.add_argument("--max_new_tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    parser.add_argument("--top_p", type=float, default=1.0)
+    parser.add_argument("--top_k", type=int, default=0, help="0 = no top-k filtering")
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--batch_size", type=int, default=None, help="prompts per generate call (default: all)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args(argv)
+    if args.max_new_tokens <= 0:
+        raise ConfigError(f"--max_new_tokens: must be positive, got {args.max_new_tokens}")
+    if args.temperature < 0:
+        raise ConfigError(f"--temperature: must be >= 0, got {args.temperature}")
+
+    from llmfoundry.models.convert import load_model
+
+    prompts = _read_prompts(args)
+    torch.manual_seed(args.seed)
+    model, tokenizer = load_model(args.model, device=args.device)
+    start = time.perf_counter()
+    outputs = generate_ids(model, tokenizer, prompts, max_new_tokens=args.max_new_tokens,
+                           temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                           batch_size=args.batch_size)  # fmt: skip
+    seconds = time.perf_counter() - start
+    for i, (prompt, ids) in enumerate(zip(prompts, outputs)):
+        print(f"### completion {i}\n{prompt}{tokenizer.decode(ids, skip_special_tokens=True)}")
+    n_tokens = sum(len(ids) for ids in outputs)
+    print(f"generated {n_tokens} tokens in {seconds:.2f} s ({n_tokens / max(seconds, 1e-9):.1f} tokens/s)", file=sys.stderr)
+    return 0

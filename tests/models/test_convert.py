@@ -1,0 +1,105 @@
+"""Hugging Face interop: export to transformers' own classes, import back, convert and generate CLIs."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaForCausalLM, MptForCausalLM
+
+from llmfoundry.cli import main as cli
+from llmfoundry.config.errors import ConfigError
+from llmfoundry.inference.generate import generate_ids
+from llmfoundry.models.convert import export_hf, from_transformers, load_as_mpt, to_transformers
+from llmfoundry.models.mpt import MPTModelSettings
+from llmfoundry.registry import models
+from tests.models.helpers import randomize_norms, tiny_model
+
+ALIBI_MHA_GELU = dict(learned_pos_emb=False, n_heads=6, d_model=48, attn_config={"alibi": True, "clip_qkv": 6.0})
+ROPE_GQA_SWIGLU = dict(
+    learned_pos_emb=False,
+    norm_type="rmsnorm",
+    tie_word_embeddings=False,
+    attn_config={"rope": True, "attn_type": "grouped_query_attention", "kv_n_heads": 2, "rope_theta": 500.0},
+    ffn_config={"ffn_type": "mptglu", "ffn_hidden_size": 88},
+)
+CASES = {"mpt": (ALIBI_MHA_GELU, MptForCausalLM), "llama": (ROPE_GQA_SWIGLU, LlamaForCausalLM)}
+
+
+def _ours(overrides):
+    model = tiny_model(**overrides)
+    randomize_norms(model)
+    return model
+
+
+def _inputs():
+    torch.manual_seed(5)
+    x = torch.randint(2, 512, (2, 24))
+    mask = torch.ones_like(x)
+    x[1, :5], mask[1, :5] = 1, 0  # one left-padded row
+    return x, mask
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_exported_folder_loads_natively_with_identical_logits(case, tmp_path, tokenizer):
+    overrides, cls = CASES[case]
+    ours = _ours(overrides)
+    assert export_hf(ours, tokenizer, tmp_path) == cls.__name__
+    assert any(p.suffix == ".safetensors" for p in tmp_path.iterdir())
+    assert (tmp_path / "tokenizer.json").is_file()
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=False).eval()
+    assert type(theirs) is cls
+    x, mask = _inputs()
+    keep = mask.bool()
+    diff = (theirs(x, attention_mask=mask).logits - ours(x, attention_mask=mask).logits)[keep].abs().max()
+    assert diff <= 1e-4
+
+    back = from_transformers(theirs)
+    torch.testing.assert_close(back(x).logits, ours(x).logits, atol=1e-5, rtol=0)
+    # a recipe can start from the exported folder
+    settings = MPTModelSettings(pretrained_model_name_or_path=str(tmp_path), vocab_size=512)
+    built = models.get("mpt_causal_lm").builder(settings, tokenizer).eval()
+    torch.testing.assert_close(built(x).logits, ours(x).logits, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_greedy_generate_cli_matches_transformers_generate_on_export(case, tmp_path, tokenizer, capsys):
+    overrides, _ = CASES[case]
+    ours = _ours(overrides)
+    ours.save_pretrained(tmp_path / "ours")
+    tokenizer.save_pretrained(tmp_path / "ours")
+    assert cli(["convert", str(tmp_path / "ours"), str(tmp_path / "hf")]) == 0
+
+    prompts = ["The cat runs over", "A small model learns to predict next token"]
+    assert cli(["generate", str(tmp_path / "ours"), *sum([["--prompt", p] for p in prompts], []),
+                "--max_new_tokens", "12", "--temperature", "0"]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    expected = generate_ids(theirs, tokenizer, prompts, max_new_tokens=12)
+    ours_ids = generate_ids(ours, tokenizer, prompts, max_new_tokens=12)
+    assert ours_ids == expected and all(len(ids) > 0 for ids in expected)
+    for prompt, ids in zip(prompts, expected):
+        assert prompt + tokenizer.decode(ids, skip_special_tokens=True) in printed
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (dict(learned_pos_emb=True), "model.attn_config.alibi"),
+        (dict(learned_pos_emb=False, attn_config={"alibi": True, "qk_ln": True}), "model.attn_config.qk_ln"),
+        (dict(learned_pos_emb=False, no_bias=False, attn_config={"alibi": True}), "model.no_bias"),
+        (dict(learned_pos_emb=False, attn_config={"rope": True}), "model.ffn_config.ffn_type"),
+        (dict(learned_pos_emb=False, attn_config={"rope": True, "sliding_window_size": 4},
+              ffn_config={"ffn_type": "mptglu"}, norm_type="rmsnorm"), "model.attn_config.sliding_window_size"),
+    ],
+)
+def test_inexpressible_configs_name_the_option(overrides, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        to_transformers(tiny_model(**overrides))
+
+
+def test_convert_dtype_and_bad_paths(tmp_path, tokenizer):
+    ours = _ours(ALIBI_MHA_GELU)
+    export_hf(ours, tokenizer, tmp_path / "bf16", dtype="bf16")
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "bf16")
+    assert next(theirs.parameters()).dtype == torch.bfloat16
+    assert cli(["convert", str(tmp_path / "missing"), str(tmp_path / "out")]) == 2
+    with pytest.raises(ConfigError):
+        load_as_mpt(tmp_path / "missing")
