@@ -110,3 +110,17 @@ def test_finetuning_loader_resumes_mid_epoch(tmp_path, corpus, tokenizer):
     resumed.load_state_dict(state)
     rest = [b["input_ids"] for b in resumed]
     assert len(rest) == len(full) - 2 and all(torch.equal(a, b) for a, b in zip(rest, full[2:]))
+
+
+def test_finetuning_converter_output_feeds_the_loader_with_packing(tmp_path, corpus, tokenizer_dir, tokenizer):
+    from llmfoundry.data.prep.cli import main
+
+    path = chat_jsonl(tmp_path / "chat.jsonl", corpus, n=30)
+    assert main(["finetuning", "--dataset", str(path), "--out_root", str(tmp_path / "ft"), "--tokenizer",
+                 str(tokenizer_dir), "--max_seq_len", "256", "--splits", "train"]) == 0
+    ds = FinetuningDatasetSettings(local=str(tmp_path / "ft"), split="train", max_seq_len=256, packing_ratio=2.0)
+    batches = list(build_finetuning_dataloader(FinetuningLoaderSettings(dataset=ds), tokenizer, 2))
+    assert batches and all(b["input_ids"].shape == (2, 256) for b in batches)
+    for b in batches:
+        target = b["labels"][:, 1:] != IGNORE_INDEX
+        assert torch.all(b["sequence_id"][:, 1:][target] == b["sequence_id"][:, :-1][target])

@@ -1,0 +1,68 @@
+"""Prompt/response or chat examples -> MDS of tokenized ``input_ids``/``labels`` (``convert_finetuning_dataset``).
+
+Tokenization, targets and truncation are exactly the ``finetuning`` loader's (llmfoundry.data.finetuning); the
+output is read back with ``train_loader: {name: finetuning, dataset: {remote: ..., split: ...}}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from llmfoundry.config.errors import ConfigError
+from llmfoundry.data.prep import common
+
+
+def main(argv: list[str] | None = None) -> int:
+    from llmfoundry.data.finetuning import FinetuningDataset, FinetuningDatasetSettings
+    from llmfoundry.data.streaming_guard import import_streaming
+    from llmfoundry.data.tokenizers import build_tokenizer
+
+    parser = argparse.ArgumentParser(prog="convert_finetuning_dataset", description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", required=True, help="a .jsonl file, hub id, dataset folder, 'json', or s3://folder")
+    parser.add_argument("--data_subset", default=None, help="dataset config name")
+    parser.add_argument("--splits", nargs="+", default=["train"], help="splits to convert")
+    parser.add_argument("--data_files", nargs="*", default=None, help="data files (with --dataset json)")
+    parser.add_argument("--preprocessor", default=None, help="module:function mapping a raw example to prompt/response")
+    parser.add_argument("--out_root", required=True, help="MDS output folder, local or s3://")
+    parser.add_argument("--compression", default="zstd", help="shard compression ('none' for none)")
+    parser.add_argument("--tokenizer", required=True, help="HF tokenizer id/folder, .model file, or tiktoken")
+    parser.add_argument("--tokenizer_kwargs", default=None, help="JSON object of tokenizer kwargs")
+    parser.add_argument("--max_seq_len", type=int, required=True, help="tokens per example; longer ones are truncated")
+    parser.add_argument("--target_prompts", default="none", help="none, all, or length>=N")
+    parser.add_argument("--target_responses", default="last", choices=["last", "all"])
+    parser.add_argument("--decoder_only_format", default=True, action=argparse.BooleanOptionalAction)
+    parser.add_argument("--num_workers", "--processes", dest="num_workers", type=int, default=None,
+                        help="accepted for compatibility; finetuning examples are tokenized in one process")
+    args = parser.parse_args(argv)
+    tokenizer = build_tokenizer(args.tokenizer, common.parse_json_kwargs(args.tokenizer_kwargs, "--tokenizer_kwargs"))
+    common.require_eos(tokenizer)
+    compression = None if str(args.compression).lower() in ("none", "") else args.compression
+    dtype = common.tokens_dtype(common.vocab_size_of(tokenizer) + 1)  # labels hold -100: stored signed below
+    signed = "int32" if dtype.itemsize <= 4 else "int64"
+    streaming = import_streaming()
+    for split in args.splits:
+        hf_kwargs = {}
+        name = args.dataset
+        if args.data_files:
+            name, hf_kwargs = "json", {"data_files": args.data_files}
+        if args.data_subset:
+            hf_kwargs["name"] = args.data_subset
+        settings = FinetuningDatasetSettings(
+            hf_name=name, hf_kwargs=hf_kwargs, split=split, preprocessing_fn=args.preprocessor,
+            max_seq_len=args.max_seq_len, target_prompts=args.target_prompts, target_responses=args.target_responses,
+            decoder_only_format=args.decoder_only_format,
+        )
+        dataset = FinetuningDataset(tokenizer, settings, f"--dataset ({split})")
+        out = common.join(args.out_root, split)
+        common.check_output_empty(out)
+        columns = {"input_ids": f"ndarray:{signed}", "labels": f"ndarray:{signed}"}
+        bar = common.Progress(split, total=len(dataset), unit="example")
+        with streaming.MDSWriter(columns=columns, out=out, compression=compression, exist_ok=True) as writer:
+            for example in dataset.examples:
+                writer.write({k: __import__("numpy").asarray(example[k], dtype=signed) for k in columns})
+                bar.update(1)
+        bar.close()
+        if not dataset.examples:
+            raise ConfigError(f"--dataset: split '{split}' produced no examples")
+        print(f"wrote {len(dataset)} examples ({dataset.num_dropped} dropped by truncation) to {out}")
+    return 0
