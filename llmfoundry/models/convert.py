@@ -211,7 +211,8 @@ def _load_into(cls, config, state: dict) -> nn.Module:
 def export_hf(model: nn.Module, tokenizer, out_dir: str | Path, dtype: str = "fp32") -> str:
     """Write ``model`` as a transformers-native folder (safetensors + config + tokenizer); returns the class name.
 
-    ``model`` is our MPTForCausalLM or an hf_causal_lm wrapper (whose inner model is saved as is, LoRA merged).
+    ``model`` is our MPTForCausalLM or an hf_causal_lm wrapper (its inner model is saved; LoRA adapters are
+    merged into the weights in place, so export a model you no longer train).
     """
     if dtype not in DTYPES:
         raise ConfigError(f"--dtype: expected one of {', '.join(DTYPES)}, got '{dtype}'")
@@ -220,12 +221,11 @@ def export_hf(model: nn.Module, tokenizer, out_dir: str | Path, dtype: str = "fp
     if tokenizer is not None:
         tokens = dict(eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
                       pad_token_id=tokenizer.pad_token_id)  # fmt: skip
-    if isinstance(model, MPTForCausalLM):
-        hf_model = to_transformers(model, **tokens)
-    else:
-        hf_model = getattr(model, "hf_model", model)
-        if hasattr(hf_model, "merge_and_unload"):  # a peft model: fold the adapters into the weights
-            hf_model = hf_model.merge_and_unload()
+    hf_model = getattr(model, "hf_model", model)  # unwrap hf_causal_lm
+    if hasattr(hf_model, "merge_and_unload"):  # a peft model: fold the adapters into the weights
+        hf_model = hf_model.merge_and_unload()
+    if isinstance(hf_model, MPTForCausalLM):
+        hf_model = to_transformers(hf_model, **tokens)
     hf_model = hf_model.to(DTYPES[dtype])
     for key, value in tokens.items():  # so that generate() knows when to stop and how to pad
         if value is not None:

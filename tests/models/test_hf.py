@@ -1,0 +1,96 @@
+"""`hf_causal_lm`: transformers models (and LoRA) behind the trainer's interface."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from llmfoundry.config.errors import ConfigError
+from llmfoundry.models.convert import export_hf
+from llmfoundry.models.hf import HFModelSettings
+from llmfoundry.registry import models
+from tests.models.helpers import randomize_norms, tiny_model
+
+LLAMA_LIKE = dict(
+    learned_pos_emb=False,
+    norm_type="rmsnorm",
+    attn_config={"rope": True, "attn_type": "grouped_query_attention", "kv_n_heads": 2},
+    ffn_config={"ffn_type": "mptglu"},
+)
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory, tokenizer):
+    out = tmp_path_factory.mktemp("llama")
+    model = tiny_model(**LLAMA_LIKE)
+    randomize_norms(model)
+    export_hf(model, tokenizer, out)
+    return out
+
+
+def build(tokenizer, **values):
+    return models.get("hf_causal_lm").builder(HFModelSettings(**values), tokenizer).eval()
+
+
+def test_hf_causal_lm_wraps_a_local_folder(llama_dir, tokenizer):
+    model = build(tokenizer, pretrained_model_name_or_path=str(llama_dir))
+    reference = AutoModelForCausalLM.from_pretrained(llama_dir).eval()
+    x = torch.randint(2, 512, (2, 16))
+    torch.testing.assert_close(model(x).logits, reference(x).logits)
+    assert len(model.blocks()) == 2 and model.supports_sequence_id
+    n = sum(p.numel() for p in reference.parameters())
+    assert model.flops_per_token(16) == pytest.approx(6 * n + 12 * 2 * 32 * 16)
+    out = model(x, labels=x)
+    assert out.loss is not None and torch.isfinite(out.loss)
+
+
+def test_attn_implementations_agree(llama_dir, tokenizer):
+    x = torch.randint(2, 512, (1, 16))
+    eager = build(tokenizer, pretrained_model_name_or_path=str(llama_dir), attn_implementation="eager")
+    sdpa = build(tokenizer, pretrained_model_name_or_path=str(llama_dir), attn_implementation="sdpa")
+    torch.testing.assert_close(eager(x).logits, sdpa(x).logits, atol=1e-5, rtol=1e-4)
+
+
+def test_config_overrides_apply_and_unknown_keys_are_errors(llama_dir, tokenizer):
+    model = build(tokenizer, pretrained_model_name_or_path=str(llama_dir), config_overrides={"num_hidden_layers": 1})
+    assert len(model.blocks()) == 1
+    with pytest.raises(ConfigError, match="config_overrides.num_hiden_layers.*num_hidden_layers"):
+        build(tokenizer, pretrained_model_name_or_path=str(llama_dir), config_overrides={"num_hiden_layers": 1})
+    with pytest.raises(ConfigError, match="pretrained_model_name_or_path"):
+        build(tokenizer, pretrained_model_name_or_path=str(llama_dir / "nope"))
+
+
+def test_sequence_id_keeps_documents_apart(llama_dir, tokenizer):
+    model = build(tokenizer, pretrained_model_name_or_path=str(llama_dir), attn_implementation="sdpa")
+    torch.manual_seed(0)
+    a, b = torch.randint(2, 512, (1, 7)), torch.randint(2, 512, (1, 9))
+    packed = torch.cat([a, b], dim=1)
+    seq_id = torch.tensor([[0] * 7 + [1] * 9])
+    logits = model(packed, sequence_id=seq_id).logits
+    torch.testing.assert_close(logits[:, 7:], model(b).logits, atol=1e-5, rtol=1e-4)
+
+
+def test_our_mpt_folder_works_through_hf_causal_lm(tmp_path, tokenizer):
+    ours = tiny_model(attn_config={"alibi": True, "attn_uses_sequence_id": True})
+    ours.save_pretrained(tmp_path)
+    model = build(tokenizer, pretrained_model_name_or_path=str(tmp_path))
+    x = torch.randint(2, 512, (1, 12))
+    seq_id = torch.tensor([[0] * 5 + [1] * 7])
+    torch.testing.assert_close(model(x, sequence_id=seq_id).logits, ours(x, sequence_id=seq_id).logits)
+
+
+def test_lora_trains_only_adapters_and_merges_on_export(llama_dir, tokenizer, tmp_path):
+    peft_config = {"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+    model = build(tokenizer, pretrained_model_name_or_path=str(llama_dir), peft_config=peft_config).train()
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    x = torch.randint(2, 512, (2, 16))
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)
+    model(x, labels=x).loss.backward()
+    optimizer.step()
+    model.eval()
+    expected = model(x).logits
+    export_hf(model, tokenizer, tmp_path)
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    torch.testing.assert_close(merged(x).logits, expected, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ConfigError, match="peft_type"):
+        build(tokenizer, pretrained_model_name_or_path=str(llama_dir), peft_config={"peft_type": "IA3"})
