@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+import collections
+import json
+
+import numpy as np
+import pytest
+
+from llmfoundry.config.errors import ConfigError
+from llmfoundry.data.prep.common import tokens_dtype
+from llmfoundry.data.prep.text import main as text_main
+
+
+def test_tokens_dtype_is_the_smallest_that_fits():
+    assert tokens_dtype(256) == np.uint8 and tokens_dtype(257) == np.uint16
+    assert tokens_dtype(65536) == np.uint16 and tokens_dtype(100277) == np.uint32
+
+
+def test_interrupted_text_conversion_resumes_and_reprocess_starts_over(text_folder, tokenizer_dir, tmp_path, capsys):
+    out = tmp_path / "mds"
+    argv = ["--input_folder", str(text_folder), "--output_folder", str(out), "--concat_tokens", "32",
+            "--tokenizer", str(tokenizer_dir), "--processes", "1", "--files_per_group", "50", "--quiet"]
+    assert text_main(argv) == 0
+    complete = json.loads((out / "index.json").read_text())
+    progress = json.loads((out / "llmfoundry_progress.json").read_text())
+    assert len(progress["groups"]) == 4
+    del progress["done"]["2"]  # as if the run had died while converting group 2
+    (out / "llmfoundry_progress.json").write_text(json.dumps(progress))
+    (out / "index.json").unlink()
+    capsys.readouterr()
+    assert text_main(argv) == 0
+    assert "resuming: 3 of 4 groups" in capsys.readouterr().out
+    assert json.loads((out / "index.json").read_text()) == complete
+    with pytest.raises(ConfigError, match="--reprocess"):
+        text_main([*argv[:5], "64", *argv[6:]])
+    assert text_main([*argv[:5], "64", *argv[6:], "--reprocess"]) == 0
+
+
+def test_json_converter_reports_file_and_line_of_bad_records(tmp_path, tokenizer_dir):
+    from llmfoundry.data.prep.json_data import main_json
+
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"text": "a b c"}\n{"txt": "oops"}\n')
+    argv = ["--path", str(path), "--out_root", str(tmp_path / "o"), "--concat_tokens", "4",
+            "--tokenizer", str(tokenizer_dir), "--num_workers", "1", "--quiet"]
+    with pytest.raises(ConfigError, match=r"d\.jsonl:2: missing field 'text'"):
+        main_json(argv)
+
+
+def test_tokenizer_without_eos_is_a_config_error(tmp_path, tokenizer_dir):
+    from llmfoundry.data.tokenizers import build_tokenizer
+
+    with pytest.raises(ConfigError, match="no EOS token"):
+        build_tokenizer(str(tokenizer_dir), {"eos_token": None})
+
+
+def test_tiktoken_encoding_becomes_an_equivalent_hf_tokenizer(corpus):
+    tiktoken = pytest.importorskip("tiktoken")
+    from llmfoundry.data.tokenizers import build_tokenizer
+
+    ranks = {bytes([i]): i for i in range(256)}
+    seq = [bytes([b]) for b in " ".join(corpus[:40]).encode()]
+    for _ in range(60):  # a few BPE merges, learned here
+        (a, b), _ = collections.Counter(zip(seq, seq[1:])).most_common(1)[0]
+        ranks[a + b] = len(ranks)
+        merged, i = [], 0
+        while i < len(seq):
+            if i + 1 < len(seq) and seq[i] == a and seq[i + 1] == b:
+                merged.append(a + b)
+                i += 2
+            else:
+                merged.append(seq[i])
+                i += 1
+        seq = merged
+    pattern = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+    encoding = tiktoken.Encoding("tiny", pat_str=pattern, mergeable_ranks=ranks,
+                                 special_tokens={"<|endoftext|>": len(ranks)})
+    tokenizer = build_tokenizer("tiktoken", {"encoding": encoding, "model_max_length": 99})
+    assert tokenizer.eos_token_id == encoding.eot_token and tokenizer.model_max_length == 99
+    for text in corpus[40:80] + ["héllo wörld 123  x\n\n y"]:
+        assert tokenizer(text, add_special_tokens=False)["input_ids"] == encoding.encode_ordinary(text)
