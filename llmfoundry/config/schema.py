@@ -19,13 +19,13 @@ __all__ = ["TrainConfig", "TokenizerConfig", "PrepareDataConfig", "validate", "t
 TimeString = Annotated[str | int, Check(check_time)]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TokenizerConfig:
     name: str = option(doc="Hugging Face tokenizer folder or hub id, a SentencePiece .model file, or 'tiktoken'")
     kwargs: dict[str, Any] = option(default_factory=dict, doc="passed to the tokenizer (e.g. model_max_length)")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PrepareDataConfig:
     """Data that `llmfoundry train` builds before training when it is missing (used by yamls/quickstart.yaml)."""
 
@@ -39,7 +39,7 @@ class PrepareDataConfig:
     concat_tokens: int = option(256, "tokens per MDS sample")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TrainConfig:
     # --- what to train ---
     model: Annotated[Component, Registered(registry.models)] = option(doc="the model: name + its settings")

@@ -4,8 +4,8 @@ Layout of a save_folder::
 
     save_folder/
       ep0-ba100/            one complete checkpoint
-        .metadata, __*_*.distcp   DCP shards: model, optimizer, trainer time
-        rank{r}.pt          per-rank state: RNG states and the data loader position
+        .metadata, __*_*.distcp   DCP shards: model and optimizer (resharded on load)
+        rank{r}.pt          small per-rank state: trainer time and scheduler, RNG states, data loader position
         config.yaml         the resolved training config (enough to rebuild the model)
         tokenizer/          the tokenizer, so a checkpoint is self-contained
       latest                the name of the newest complete checkpoint
@@ -20,6 +20,7 @@ import os
 import random
 import re
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,8 @@ from llmfoundry.train import dist
 LATEST = "latest"
 CONFIG_FILE = "config.yaml"
 _NAME = re.compile(r"^ep(\d+)-ba(\d+)$")
+# DCP warns on every call when there is no process group; one process is a normal way to run.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
 
 def checkpoint_name(epoch: int, batch: int) -> str:
@@ -129,11 +132,12 @@ def save_checkpoint(
         partial.mkdir(parents=True)
     dist.barrier()
 
-    state: dict[str, Any] = {"model": get_model_state_dict(model), "trainer": dict(trainer_state)}
+    state: dict[str, Any] = {"model": get_model_state_dict(model)}
     if optimizer is not None:
         state["optimizer"] = get_optimizer_state_dict(model, optimizer)
     dcp.save(state, checkpoint_id=str(partial))
-    torch.save({"rng": _rng_state(), "dataloader": loader_state, "world_size": dist.world_size()},
+    torch.save({"trainer": trainer_state, "rng": _rng_state(), "dataloader": loader_state,
+                "world_size": dist.world_size()},
                partial / f"rank{dist.rank()}.pt")
     if dist.rank() == 0:
         (partial / CONFIG_FILE).write_text(yaml.safe_dump(config, sort_keys=False))
@@ -166,10 +170,8 @@ def load_checkpoint(
     path = resolve_checkpoint(path)
     options = StateDictOptions(strict=strict)
     state: dict[str, Any] = {"model": get_model_state_dict(model)}
-    if not weights_only:
-        state["trainer"] = {}
-        if optimizer is not None:
-            state["optimizer"] = get_optimizer_state_dict(model, optimizer)
+    if not weights_only and optimizer is not None:
+        state["optimizer"] = get_optimizer_state_dict(model, optimizer)
     try:
         dcp.load(state, checkpoint_id=str(path), planner=DefaultLoadPlanner(allow_partial_load=not strict))
     except (RuntimeError, KeyError) as error:
@@ -186,8 +188,8 @@ def load_checkpoint(
     per_rank = torch.load(rank_file if rank_file.exists() else rank0_file, weights_only=False)
     if rank_file.exists() and per_rank.get("world_size") == dist.world_size():
         _set_rng_state(per_rank["rng"])
-    loader_state = torch.load(rank0_file, weights_only=False).get("dataloader")
-    return {"trainer": state["trainer"], "dataloader": loader_state}
+    rank0 = per_rank if rank_file == rank0_file else torch.load(rank0_file, weights_only=False)
+    return {"trainer": rank0["trainer"], "dataloader": rank0.get("dataloader")}
 
 
 def read_checkpoint_config(path: str | Path) -> dict[str, Any]:
