@@ -1,0 +1,203 @@
+"""Config sections for in-context-learning evaluation, with llm-foundry's key names and defaults.
+
+* ``ICLTaskConfig`` — one entry of ``icl_tasks`` (used by ``llmfoundry eval`` and by the training recipe).
+* ``GauntletConfig`` — the ``eval_gauntlet`` section.
+* ``EvalConfig`` — the top-level recipe of ``llmfoundry eval`` (llm-foundry's eval YAML shape).
+
+``icl_tasks`` and ``eval_gauntlet`` may be given inline or as the path of a YAML file (as in llm-foundry, where
+``icl_tasks: eval/yamls/tasks_v0.3.yaml``); ``load_icl_tasks`` / ``load_gauntlet`` accept both forms.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from llmfoundry.config.errors import ConfigError
+from llmfoundry.config.fields import option
+
+TASK_TYPES = ("language_modeling", "multiple_choice", "schema", "generation_task_with_answers", "code_evaluation")
+
+
+@dataclass
+class ICLTaskConfig:
+    label: str = option(doc="name of the task in metric keys, e.g. arc_easy")
+    dataset_uri: str = option(doc="JSONL task file: local path, s3://bucket/key, or hf://org/name (online)")
+    icl_task_type: Literal[
+        "language_modeling", "multiple_choice", "schema", "generation_task_with_answers", "code_evaluation"
+    ] = option(doc="how examples are scored (code_evaluation is not supported yet)")
+    num_fewshot: list[int] = option([0], "numbers of in-context examples; the task runs once per entry")
+    batch_size: int | None = option(None, "sequences per forward pass (none = device_eval_batch_size)")
+    max_seq_len: int | None = option(None, "context window; longer prompts lose tokens on the left (none = global)")
+    prompt_string: str = option("", "text put once before the few-shot examples")
+    example_delimiter: str = option("\n", "text between examples")
+    continuation_delimiter: str = option(" ", "text between an example's context and its answer")
+    question_prelimiter: str = option("", "text put before every context (e.g. 'Question: ')")
+    fewshot_random_seed: int = option(1234, "seed of the RNG that picks few-shot examples")
+    has_categories: bool = option(False, "records carry a 'category'; report accuracy per category too")
+    generation_kwargs: dict[str, Any] = option({}, "generation settings (max_new_tokens, ...) for generation tasks")
+    cot_delimiter: str = option("", "text between the chain of thought and the final answer")
+    early_stopping_criteria: list[str] | None = option(None, "generation stops at (and is cut before) these strings")
+    do_normalization: bool = option(True, "compare answers after lowercasing and removing punctuation/articles")
+    strip_dataset: bool = option(True, "strip leading/trailing whitespace of every string field of a record")
+    hf_loading_vars: dict[str, Any] = option({}, "keyword arguments of datasets.load_dataset for hf:// URIs")
+    hf_parsing_map: dict[str, Any] = option({}, "{icl_key: [hf_column, ...]} joined with spaces, for hf:// URIs")
+    metric_names: list[str] | None = option(None, "accepted for llm-foundry compatibility; metrics follow the type")
+    pass_at_k: int = option(1, "code evaluation: k", unsupported="code_evaluation tasks")
+    generations_per_sample: int = option(1, "code evaluation: samples per prompt", unsupported="code_evaluation tasks")
+    icl_subset_num_batches: int | None = option(None, "evaluate at most this many batches of the task")
+    limit: int | None = option(None, "evaluate only the first N records (few-shot examples still come from all)")
+    kv_cache: Literal["auto", "on", "off"] = option(
+        "auto", "score the choices of a question from one pass over their shared prefix (auto: when supported)"
+    )
+
+
+@dataclass
+class GauntletBenchmark:
+    name: str = option(doc="an icl_tasks label")
+    num_fewshot: int = option(doc="which of the task's num_fewshot runs counts")
+    random_baseline: float = option(0.0, "accuracy of random guessing on the benchmark")
+
+
+@dataclass
+class GauntletCategory:
+    name: str = option(doc="category name, e.g. world_knowledge")
+    benchmarks: list[GauntletBenchmark] = option([], "benchmarks averaged into the category score")
+
+
+@dataclass
+class GauntletConfig:
+    weighting: Literal["EQUAL", "SAMPLE_SZ", "LOG_SAMPLE_SZ"] = option(
+        "EQUAL", "benchmark weights within a category: equal, number of samples, or log2(number of samples)"
+    )
+    subtract_random_baseline: bool = option(True, "subtract each benchmark's random_baseline from its accuracy")
+    rescale_accuracy: bool = option(True, "divide by (1 - random_baseline) after subtracting it")
+    categories: list[GauntletCategory] = option([], "categories of benchmarks")
+    averages: dict[str, list[str]] = option({}, "named averages over categories, e.g. core_average: [...]")
+    metric: str = option("accuracy", "which per-task metric feeds the gauntlet: accuracy, acc or acc_norm")
+    destination_dir: str | None = option(None, "accepted for llm-foundry compatibility (unused)")
+
+
+@dataclass
+class EvalModelConfig:
+    model_name: str = option(doc="name of the model in tables and the results file")
+    model: dict[str, Any] = option(
+        {}, "model section: {name: hf_causal_lm, pretrained_model_name_or_path: FOLDER} or a registered model"
+    )
+    tokenizer: dict[str, Any] = option({}, "tokenizer: {name: FOLDER_OR_ID, kwargs: {...}} (default: the model's)")
+    load_path: str | None = option(None, "our training checkpoint (local or s3://) or a Hugging Face folder")
+
+
+@dataclass
+class EvalConfig:
+    models: list[EvalModelConfig] = option(doc="models to evaluate")
+    icl_tasks: list[ICLTaskConfig] | str = option(doc="ICL tasks: a list or the path of a YAML file")
+    eval_gauntlet: GauntletConfig | str | None = option(None, "gauntlet: a mapping or the path of a YAML file")
+    max_seq_len: int = option(2048, "default context window of the tasks")
+    device_eval_batch_size: int = option(16, "default sequences per forward pass")
+    precision: Literal["fp32", "amp_bf16", "amp_fp16", "bf16"] = option("fp32", "numeric precision of the model")
+    seed: int = option(17, "random seed")
+    dist_timeout: float = option(600.0, "seconds to wait for other ranks")
+    run_name: str | None = option(None, "name of the run")
+    results_path: str | None = option("eval_results.json", "write all metrics here as JSON (none = do not)")
+    table_path: str | None = option(None, "also write the markdown tables to this file")
+    plot_path: str | None = option(None, "save a bar chart of the gauntlet scores here (needs matplotlib)")
+    loggers: dict[str, Any] = option({}, "loggers (accepted; results go to stdout and results_path)")
+    icl_subset_num_batches: int | None = option(None, "evaluate at most this many batches per task")
+    fsdp_config: dict[str, Any] | None = option(None, "FSDP settings", unsupported="fsdp_config in eval")
+    model_gauntlet: Any = option(None, "old name of eval_gauntlet", unsupported="model_gauntlet (use eval_gauntlet)")
+    python_log_level: str | None = option("info", "Python logging level")
+    variables: dict[str, Any] = option({}, "values for ${variables.x} interpolation")
+    metadata: dict[str, Any] = option({}, "free-form metadata")
+
+
+def _read_yaml_file(path: str, key: str) -> Any:
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"{key}: no such file '{path}' (give a list inline or the path of a YAML file)")
+    try:
+        data = yaml.safe_load(file.read_text())
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{key}: '{path}' is not valid YAML: {str(error).splitlines()[0]}") from None
+    return data
+
+
+def _validate(data: Any, cls: type, path: str) -> Any:
+    from llmfoundry.config.validate import validate
+
+    return validate(data, cls, path)
+
+
+def _normalise_task(raw: Any) -> Any:
+    if isinstance(raw, dict) and isinstance(raw.get("num_fewshot"), int):
+        raw = {**raw, "num_fewshot": [raw["num_fewshot"]]}
+    return raw
+
+
+def load_icl_tasks(value: Any, key: str = "icl_tasks") -> list[ICLTaskConfig]:
+    """ICL task configs from a list (of dicts or ICLTaskConfig) or the path of a YAML file holding ``icl_tasks``."""
+    if value is None:
+        return []
+    if isinstance(value, (str, Path)):
+        data = _read_yaml_file(str(value), key)
+        if isinstance(data, dict):
+            if "icl_tasks" not in data:
+                raise ConfigError(f"{key}: '{value}' has no 'icl_tasks' key")
+            data = data["icl_tasks"]
+        value = data
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(f"{key}: expected a list of tasks or a YAML path, got {type(value).__name__}")
+    tasks = []
+    problems = []
+    for i, raw in enumerate(value):
+        if isinstance(raw, ICLTaskConfig):
+            tasks.append(raw)
+            continue
+        try:
+            tasks.append(_validate(_normalise_task(raw), ICLTaskConfig, f"{key}[{i}]"))
+        except ConfigError as error:
+            problems.extend(error.problems)
+    if problems:
+        raise ConfigError.many(problems)
+    labels = [t.label for t in tasks]
+    duplicates = sorted({lab for lab in labels if labels.count(lab) > 1})
+    if duplicates:
+        raise ConfigError(f"{key}: task labels must be unique; repeated: {', '.join(duplicates)}")
+    for i, task in enumerate(tasks):
+        if task.icl_task_type == "code_evaluation":
+            raise ConfigError(f"{key}[{i}].icl_task_type: 'code_evaluation' is not supported yet ({task.label})")
+        if not task.num_fewshot:
+            raise ConfigError(f"{key}[{i}].num_fewshot: give at least one number of shots")
+    return tasks
+
+
+def load_gauntlet(value: Any, key: str = "eval_gauntlet") -> GauntletConfig | None:
+    """A GauntletConfig from a mapping, a GauntletConfig, or the path of a YAML file holding ``eval_gauntlet``."""
+    if value is None:
+        return None
+    if isinstance(value, GauntletConfig):
+        return value
+    if isinstance(value, (str, Path)):
+        data = _read_yaml_file(str(value), key)
+        if isinstance(data, dict) and "eval_gauntlet" in data:
+            data = data["eval_gauntlet"]
+        value = data
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key}: expected a mapping or a YAML path, got {type(value).__name__}")
+    return _validate(value, GauntletConfig, key)
+
+
+def load_eval_config(data: dict[str, Any]) -> EvalConfig:
+    """The validated ``llmfoundry eval`` recipe, with ``icl_tasks``/``eval_gauntlet`` paths read."""
+    data = dict(data)
+    if isinstance(data.get("icl_tasks"), list):
+        data["icl_tasks"] = [_normalise_task(t) for t in data["icl_tasks"]]
+    cfg = _validate(data, EvalConfig, "")
+    cfg.icl_tasks = load_icl_tasks(cfg.icl_tasks)
+    cfg.eval_gauntlet = load_gauntlet(cfg.eval_gauntlet)
+    if not cfg.models:
+        raise ConfigError("models: give at least one model to evaluate")
+    return cfg

@@ -1,0 +1,89 @@
+"""Scoring rules: from per-choice log-likelihoods (or a generated text) to correct/incorrect per example.
+
+Multiple choice and schema tasks report three rules over the choices' continuation log-likelihoods:
+
+* ``accuracy`` — llm-foundry's rule: the choice with the lowest mean per-token loss (= highest mean log-prob).
+* ``acc`` — lm-evaluation-harness: the highest summed log-likelihood.
+* ``acc_norm`` — lm-evaluation-harness: the highest summed log-likelihood divided by the length of the choice's
+  text (``len(str)``, as lm-eval computes it: characters, which equal bytes for ASCII text). For schema tasks the
+  "choice" is the context option, as in lm-eval's multiple-input tasks.
+
+Ties go to the first choice, like ``list.index(min(...))`` and ``numpy.argmax``.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from dataclasses import dataclass
+
+from llmfoundry.registry import metrics
+
+
+@dataclass
+class SequenceScore:
+    """Log-likelihood of one sequence's continuation."""
+
+    logprob: float  # summed over continuation tokens
+    num_tokens: int
+    greedy: bool  # every continuation token is the argmax of the model's prediction
+
+
+def _argmax(values: list[float]) -> int:
+    best = 0
+    for i, v in enumerate(values):
+        if v > values[best]:
+            best = i
+    return best
+
+
+@metrics.register("accuracy")
+def mean_token_choice(scores: list[SequenceScore], choice_texts: list[str]) -> int:
+    """llm-foundry: lowest mean per-token loss."""
+    return _argmax([s.logprob / max(s.num_tokens, 1) for s in scores])
+
+
+@metrics.register("acc")
+def summed_logprob_choice(scores: list[SequenceScore], choice_texts: list[str]) -> int:
+    """lm-evaluation-harness ``acc``: highest summed log-likelihood."""
+    return _argmax([s.logprob for s in scores])
+
+
+@metrics.register("acc_norm")
+def length_normalised_choice(scores: list[SequenceScore], choice_texts: list[str]) -> int:
+    """lm-evaluation-harness ``acc_norm``: highest log-likelihood per character of the choice text."""
+    return _argmax([s.logprob / max(len(t), 1) for s, t in zip(scores, choice_texts)])
+
+
+CHOICE_RULES = {"accuracy": mean_token_choice, "acc": summed_logprob_choice, "acc_norm": length_normalised_choice}
+
+_PUNCTUATION = set(string.punctuation + "‘’´`_")
+
+
+def normalize_answer(text: str) -> str:
+    """Lowercase, drop punctuation and the articles a/an/the, collapse whitespace (SQuAD-style, as llm-foundry)."""
+    text = text.replace("_", " ").lower()
+    text = "".join(ch for ch in text if ch not in _PUNCTUATION)
+    text = re.sub(r"\b(a|an|the)\b", " ", text)
+    return " ".join(text.split())
+
+
+def generation_correct(
+    output: str,
+    answers: list[str],
+    *,
+    stop_strings: list[str] | None = None,
+    cot_delimiter: str = "",
+    normalize: bool = True,
+) -> bool:
+    """Whether a generated text counts as right: cut at the first stop string, keep what follows the last
+    ``cot_delimiter``, then it must start with one of the answers (all normalised when ``normalize``)."""
+    final = output
+    if stop_strings:
+        final = re.split("|".join(re.escape(s) for s in stop_strings), final)[0]
+    if cot_delimiter:
+        final = final.split(cot_delimiter)[-1]
+    if normalize:
+        final = normalize_answer(final)
+        answers = [normalize_answer(a) for a in answers]
+    return any(final.startswith(a) for a in answers)

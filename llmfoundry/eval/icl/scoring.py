@@ -1,0 +1,275 @@
+"""Running the model: batched continuation log-likelihoods and greedy generation.
+
+Speed comes from three things:
+
+* sequences are sorted by length and batched so that padding stays small;
+* all choices of a question go in the same batch;
+* with ``kv_cache`` the longest token prefix that a question's sequences share (the few-shot preamble and the
+  question) is run once, its key/value cache is copied to every choice, and only the choices' own tokens are run
+  (the prefix pass keeps only its last position's logits). This needs a model whose forward takes
+  ``past_key_values`` and ``position_ids`` (every transformers causal LM); other models use the plain path.
+
+Under torch.distributed every rank must make the same number of forward calls (FSDP gathers weights inside each
+call), so ``sync_calls`` pads a rank that has fewer batches with tiny dummy forwards.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from llmfoundry.eval.icl.metrics import SequenceScore
+from llmfoundry.eval.icl.tasks import Sequence
+
+
+def _forward_params(model: torch.nn.Module) -> set[str]:
+    try:
+        return set(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
+def supports_kv_cache(model: torch.nn.Module) -> bool:
+    return {"past_key_values", "position_ids"} <= _forward_params(model)
+
+
+def shared_prefix_len(group: list[Sequence]) -> int:
+    """Tokens that every sequence of the group shares at its start, never reaching into a continuation."""
+    limit = min(s.cont_start for s in group)
+    first = group[0].tokens
+    n = 0
+    while n < limit and all(s.tokens[n] == first[n] for s in group[1:]):
+        n += 1
+    return n
+
+
+def kv_cache_saving(groups: list[list[Sequence]]) -> float:
+    """The fraction of token positions that the shared-prefix path saves on these groups (0 when it cannot run)."""
+    total = saved = 0
+    for group in groups:
+        p = shared_prefix_len(group)
+        if p < 1:
+            return 0.0
+        total += sum(len(s.tokens) for s in group)
+        saved += p * (len(group) - 1)
+    return saved / total if total else 0.0
+
+
+def plan_batches(groups: list[list[Sequence]], batch_size: int, max_batch_tokens: int) -> list[list[int]]:
+    """Groups ordered longest first and packed into batches of at most ``batch_size`` sequences and
+    ``max_batch_tokens`` padded tokens (a group larger than that gets a batch of its own)."""
+    order = sorted(range(len(groups)), key=lambda g: -max(len(s.tokens) for s in groups[g]))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    rows = width = 0
+    for g in order:
+        g_rows = len(groups[g])
+        g_width = max(len(s.tokens) for s in groups[g])
+        new_rows, new_width = rows + g_rows, max(width, g_width)
+        if current and (new_rows > batch_size or new_rows * new_width > max_batch_tokens):
+            batches.append(current)
+            current, new_rows, new_width = [], g_rows, g_width
+        current.append(g)
+        rows, width = new_rows, new_width
+    if current:
+        batches.append(current)
+    return batches
+
+
+def _score_rows(pred_logits: torch.Tensor, targets: torch.Tensor) -> SequenceScore:
+    logprobs = F.log_softmax(pred_logits.float(), dim=-1)
+    lp = logprobs.gather(1, targets[:, None]).sum().item()
+    greedy = bool((pred_logits.argmax(-1) == targets).all().item())
+    return SequenceScore(logprob=lp, num_tokens=int(targets.numel()), greedy=greedy)
+
+
+def _pad_right(rows: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+        mask[i, : len(r)] = 1
+    return ids.to(device), mask.to(device)
+
+
+def _logits(output) -> torch.Tensor:
+    return output.logits if hasattr(output, "logits") else output[0]
+
+
+def score_full(model, seqs: list[Sequence], device, pad_id: int = 0) -> list[SequenceScore]:
+    """Each sequence run whole (right padding: real tokens never see the padding under the causal mask)."""
+    ids, mask = _pad_right([s.tokens for s in seqs], pad_id, device)
+    logits = _logits(model(input_ids=ids, attention_mask=mask))
+    scores = []
+    for r, s in enumerate(seqs):
+        targets = ids[r, s.cont_start : len(s.tokens)]
+        scores.append(_score_rows(logits[r, s.cont_start - 1 : len(s.tokens) - 1], targets))
+    return scores
+
+
+def _select_cache(cache, index: torch.Tensor):
+    if hasattr(cache, "reorder_cache"):
+        cache.reorder_cache(index)
+        return cache
+    return tuple(tuple(t.index_select(0, index) for t in layer) for layer in cache)
+
+
+def score_shared_prefix(
+    model, groups: list[list[Sequence]], device, pad_id: int = 0, keep_last_only: bool = True
+) -> list[list[SequenceScore]]:
+    """Each group's shared prefix run once (left padded), its cache copied to the group's sequences, then the
+    sequences' remaining tokens run (right padded) on top of it."""
+    prefix_lens = [shared_prefix_len(g) for g in groups]
+    width = max(prefix_lens)
+    ids = torch.full((len(groups), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(groups), width), dtype=torch.long)
+    for i, (g, p) in enumerate(zip(groups, prefix_lens)):
+        ids[i, width - p :] = torch.tensor(g[0].tokens[:p], dtype=torch.long)
+        mask[i, width - p :] = 1
+    positions = (torch.arange(width)[None, :] - (width - torch.tensor(prefix_lens))[:, None]).clamp(min=0)
+    kwargs = {"logits_to_keep": 1} if keep_last_only else {}
+    out = model(
+        input_ids=ids.to(device),
+        attention_mask=mask.to(device),
+        position_ids=positions.to(device),
+        use_cache=True,
+        **kwargs,
+    )
+    last = _logits(out)[:, -1]  # (G, V): predicts each group's first token after its prefix
+    cache = out.past_key_values
+
+    owner = [g for g, group in enumerate(groups) for _ in group]
+    flat = [s for group in groups for s in group]
+    index = torch.tensor(owner, dtype=torch.long, device=device)
+    cache = _select_cache(cache, index)
+    suffixes = [s.tokens[prefix_lens[g] :] for g, s in zip(owner, flat)]
+    suf_ids, suf_mask = _pad_right(suffixes, pad_id, device)
+    suf_pos = torch.tensor([prefix_lens[g] for g in owner])[:, None] + torch.arange(suf_ids.shape[1])[None, :]
+    out = model(
+        input_ids=suf_ids,
+        attention_mask=torch.cat([mask.to(device).index_select(0, index), suf_mask], dim=1),
+        position_ids=suf_pos.to(device),
+        past_key_values=cache,
+        use_cache=True,
+    )
+    logits = _logits(out)
+    results: list[list[SequenceScore]] = [[] for _ in groups]
+    for r, (g, s) in enumerate(zip(owner, flat)):
+        p = prefix_lens[g]
+        n = len(s.tokens) - p  # suffix length
+        preds = torch.cat([last[g][None], logits[r, : n - 1]], dim=0)  # predictions for tokens p .. len-1
+        targets = suf_ids[r, s.cont_start - p : n]
+        results[g].append(_score_rows(preds[s.cont_start - p : n], targets))
+    return results
+
+
+def run_scoring(
+    model,
+    groups: list[list[Sequence]],
+    *,
+    device,
+    batch_size: int,
+    max_batch_tokens: int = 16384,
+    use_kv_cache: bool = False,
+    max_batches: int | None = None,
+    sync_calls: Callable[[int], int] | None = None,
+    dummy_forward: Callable[[], None] | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> list[list[SequenceScore] | None]:
+    """Scores for every group (None for groups past ``max_batches``)."""
+    batches = plan_batches(groups, batch_size, max_batch_tokens) if groups else []
+    if max_batches is not None:
+        batches = batches[:max_batches]
+    total = sync_calls(len(batches)) if sync_calls else len(batches)
+    keep_last = "logits_to_keep" in _forward_params(model)
+    results: list[list[SequenceScore] | None] = [None] * len(groups)
+    for b in range(total):
+        if b >= len(batches):
+            for _ in range(2 if use_kv_cache else 1):
+                dummy_forward()
+            continue
+        batch = [groups[g] for g in batches[b]]
+        if use_kv_cache:
+            scored = score_shared_prefix(model, batch, device, keep_last_only=keep_last)
+        else:
+            flat = score_full(model, [s for group in batch for s in group], device)
+            scored, i = [], 0
+            for group in batch:
+                scored.append(flat[i : i + len(group)])
+                i += len(group)
+        for g, sc in zip(batches[b], scored):
+            results[g] = sc
+        if progress:
+            progress(len(batch))
+    return results
+
+
+class _StopOnStrings:
+    """Stops a row once its generated text contains a stop string (checked on the decoded new tokens)."""
+
+    def __init__(self, tokenizer, stops: list[str], prompt_len: int):
+        self.tokenizer, self.stops, self.prompt_len = tokenizer, stops, prompt_len
+
+    def __call__(self, input_ids: torch.Tensor, scores=None, **kwargs) -> torch.Tensor:
+        texts = self.tokenizer.batch_decode(input_ids[:, self.prompt_len :], skip_special_tokens=True)
+        return torch.tensor([any(s in t for s in self.stops) for t in texts], device=input_ids.device)
+
+
+def generate_greedy(
+    model,
+    tokenizer,
+    prompts: list[list[int]],
+    *,
+    device,
+    max_new_tokens: int,
+    stop_strings: list[str] | None = None,
+    generation_kwargs: dict | None = None,
+    synced: bool = False,
+) -> list[str]:
+    """Greedy continuations of left-padded prompts, decoded without special tokens."""
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id if pad_id is not None else 0, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        mask[i, width - len(p) :] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    if hasattr(model, "generate"):
+        from transformers import StoppingCriteriaList
+
+        kwargs = {k: v for k, v in (generation_kwargs or {}).items() if k not in ("max_new_tokens",)}
+        kwargs.setdefault("do_sample", False)
+        criteria = StoppingCriteriaList([_StopOnStrings(tokenizer, stop_strings, width)]) if stop_strings else None
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=pad_id,
+            eos_token_id=tokenizer.eos_token_id,
+            stopping_criteria=criteria,
+            synced_gpus=synced,
+            **kwargs,
+        )
+        new = out[:, width:]
+    else:  # a plain module: greedy decoding without a cache
+        new = torch.empty((len(prompts), 0), dtype=torch.long, device=device)
+        done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
+        for _ in range(max_new_tokens):
+            full = torch.cat([ids, new], 1)
+            full_mask = torch.cat([mask, torch.ones_like(new)], 1)
+            positions = (full_mask.cumsum(1) - 1).clamp(min=0)
+            params = _forward_params(model)
+            extra = {"position_ids": positions} if "position_ids" in params else {}
+            nxt = _logits(model(input_ids=full, attention_mask=full_mask, **extra))[:, -1].argmax(-1)
+            if tokenizer.eos_token_id is not None:
+                nxt = torch.where(done, torch.full_like(nxt, pad_id or 0), nxt)
+                done |= nxt == tokenizer.eos_token_id
+            new = torch.cat([new, nxt[:, None]], 1)
+            if done.all():
+                break
+    return tokenizer.batch_decode(new, skip_special_tokens=True)

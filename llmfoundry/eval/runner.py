@@ -1,0 +1,271 @@
+"""Evaluate a causal LM on ICL tasks: ``ICLEvaluator(tasks, tokenizer, ...).evaluate(model, device)``.
+
+The evaluator reads the task files and builds every prompt once, at construction; ``evaluate`` can then be called
+as often as needed (the trainer calls it at every ``eval_interval``). Metrics come back flat::
+
+    icl/{label}/{n}-shot/accuracy      llm-foundry's rule (MC/schema: lowest mean per-token loss;
+                                       LM: greedy match; generation: exact match after normalisation)
+    icl/{label}/{n}-shot/acc           MC/schema: lm-evaluation-harness acc (LM tasks: = accuracy)
+    icl/{label}/{n}-shot/acc_norm      MC/schema: lm-evaluation-harness acc_norm
+    icl/{label}/{n}-shot/{category}/{metric}   tasks with has_categories (the task-level value is then the
+                                               unweighted mean over categories, as llm-foundry's gauntlet uses)
+
+Under torch.distributed each rank scores every world_size-th example and the per-example results are gathered,
+so every rank returns the same metrics.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from llmfoundry.eval.config import ICLTaskConfig, load_icl_tasks
+from llmfoundry.eval.icl.data import read_records
+from llmfoundry.eval.icl.metrics import CHOICE_RULES, generation_correct
+from llmfoundry.eval.icl.scoring import generate_greedy, kv_cache_saving, run_scoring, supports_kv_cache
+from llmfoundry.eval.icl.tasks import Example, GenerationTask, ICLTask, build_task
+
+log = logging.getLogger(__name__)
+
+SCORED_TYPES = ("multiple_choice", "schema")
+# use the shared-prefix path when it saves at least this fraction of token positions
+KV_CACHE_MIN_SAVING = 0.15
+
+
+@dataclass
+class TaskRun:
+    """One (task, num_fewshot) pair with its prepared examples."""
+
+    cfg: ICLTaskConfig
+    num_fewshot: int
+    task: ICLTask
+    examples: list[Example]
+    batch_size: int
+    kv_saving: float = 0.0
+    results: list[dict[str, Any]] = field(default_factory=list)  # per example, after evaluate()
+
+    @property
+    def name(self) -> str:
+        return f"{self.cfg.label}/{self.num_fewshot}-shot"
+
+
+def _dist() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _precision_context(precision: str, device: torch.device):
+    if precision == "amp_bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    if precision == "amp_fp16":
+        return torch.autocast(device.type, dtype=torch.float16)
+    return contextlib.nullcontext()
+
+
+class ICLEvaluator:
+    """Prepared ICL tasks, ready to score any causal LM whose ``forward(input_ids, attention_mask=...)`` returns
+    ``.logits``.
+
+    ``tasks``: ICLTaskConfig objects, dicts, or a YAML path (anything ``load_icl_tasks`` takes).
+    ``batch_size`` / ``max_seq_len``: defaults for tasks that do not set their own.
+    ``max_batch_tokens``: cap on (sequences x padded length) per forward, to bound the logits' memory.
+    ``subset_num_batches``: score at most this many batches per task (llm-foundry's icl_subset_num_batches).
+    """
+
+    def __init__(
+        self,
+        tasks: Any,
+        tokenizer,
+        batch_size: int = 8,
+        max_seq_len: int = 2048,
+        *,
+        max_batch_tokens: int = 16384,
+        precision: str = "fp32",
+        subset_num_batches: int | None = None,
+        verbose: bool = False,
+    ):
+        self.tokenizer = tokenizer
+        self.max_batch_tokens = max_batch_tokens
+        self.precision = precision
+        self.subset_num_batches = subset_num_batches
+        self.verbose = verbose
+        self.task_cfgs = load_icl_tasks(tasks)
+        self.runs: list[TaskRun] = []
+        prefix_token = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+        for cfg in self.task_cfgs:
+            seq_len = cfg.max_seq_len or max_seq_len
+            records = read_records(
+                cfg.dataset_uri,
+                strip=cfg.strip_dataset,
+                hf_loading_vars=cfg.hf_loading_vars,
+                hf_parsing_map=cfg.hf_parsing_map,
+                key=f"icl_tasks.{cfg.label}.dataset_uri",
+            )
+            for shots in cfg.num_fewshot:
+                task = build_task(cfg, tokenizer, seq_len)
+                examples = task.prepare(records, shots)
+                if cfg.limit is not None:
+                    examples = examples[: cfg.limit]
+                for ex in examples:  # an empty context: condition on BOS/EOS, as lm-evaluation-harness does
+                    for s in ex.sequences:
+                        if s.cont_start == 0 and prefix_token is not None:
+                            s.tokens.insert(0, prefix_token)
+                            s.cont_start = 1
+                run = TaskRun(cfg, shots, task, examples, cfg.batch_size or batch_size)
+                if cfg.icl_task_type in SCORED_TYPES:
+                    run.kv_saving = kv_cache_saving([ex.sequences for ex in examples])
+                self.runs.append(run)
+
+    # --- information ------------------------------------------------------------------------------------------
+    def sample_counts(self) -> dict[str, int]:
+        """Examples per ``label/{n}-shot`` (for the gauntlet's SAMPLE_SZ / LOG_SAMPLE_SZ weighting)."""
+        return {run.name: len(run.examples) for run in self.runs}
+
+    def task_types(self) -> dict[str, str]:
+        return {run.cfg.label: run.cfg.icl_task_type for run in self.runs}
+
+    # --- evaluation -------------------------------------------------------------------------------------------
+    def _use_kv(self, run: TaskRun, model) -> bool:
+        if run.cfg.icl_task_type not in SCORED_TYPES or run.cfg.kv_cache == "off":
+            return False
+        if run.kv_saving <= 0 or not supports_kv_cache(model):
+            return False
+        return run.cfg.kv_cache == "on" or run.kv_saving >= KV_CACHE_MIN_SAVING
+
+    @torch.no_grad()
+    def evaluate(self, model: torch.nn.Module, device: torch.device | str | None = None) -> dict[str, float]:
+        """Score ``model`` on every task; returns flat metrics (the same on every rank)."""
+        if device is None:
+            device = next(model.parameters()).device
+        device = torch.device(device)
+        rank, world = _dist()
+        was_training = model.training
+        model.eval()
+        outer = model
+        if world == 1 and isinstance(getattr(model, "hf_model", None), torch.nn.Module):
+            model = model.hf_model  # our hf_causal_lm wrapper: call the transformers model (KV cache, generate)
+
+        def sync_calls(n: int) -> int:
+            if world == 1:
+                return n
+            t = torch.tensor([n], device=device if device.type != "cpu" else "cpu")
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            return int(t.item())
+
+        def dummy_forward() -> None:
+            model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=device))
+
+        metrics: dict[str, float] = {}
+        try:
+            with _precision_context(self.precision, device):
+                for run in self.runs:
+                    start = time.perf_counter()
+                    local = run.examples[rank::world]
+                    if isinstance(run.task, GenerationTask):
+                        results = self._run_generation(run, local, model, device, world, sync_calls)
+                    else:
+                        results = self._run_scored(run, local, model, device, sync_calls, dummy_forward)
+                    run.results = _gather(results, world)
+                    metrics.update(self._metrics(run))
+                    if self.verbose and rank == 0:
+                        acc = metrics.get(f"icl/{run.name}/accuracy", float("nan"))
+                        log.info("%s: %d examples, accuracy %.4f (%.1f s)", run.name, len(run.results), acc,
+                                 time.perf_counter() - start)
+        finally:
+            outer.train(was_training)
+        return metrics
+
+    def _run_scored(self, run, local, model, device, sync_calls, dummy_forward) -> list[dict]:
+        use_kv = self._use_kv(run, model)
+        scores = run_scoring(
+            model,
+            [ex.sequences for ex in local],
+            device=device,
+            batch_size=run.batch_size,
+            max_batch_tokens=self.max_batch_tokens,
+            use_kv_cache=use_kv,
+            max_batches=self.subset_num_batches or run.cfg.icl_subset_num_batches,
+            sync_calls=sync_calls,
+            dummy_forward=dummy_forward,
+        )
+        results = []
+        for ex, sc in zip(local, scores):
+            if sc is None:
+                continue
+            if run.cfg.icl_task_type in SCORED_TYPES:
+                correct = {name: float(rule(sc, ex.choice_texts) == ex.gold) for name, rule in CHOICE_RULES.items()}
+            else:  # language modeling: greedy reproduction of the continuation
+                correct = {"accuracy": float(sc[0].greedy), "acc": float(sc[0].greedy)}
+            results.append({"index": ex.index, "category": ex.category, "correct": correct})
+        return results
+
+    def _run_generation(self, run, local, model, device, world, sync_calls) -> list[dict]:
+        task: GenerationTask = run.task  # type: ignore[assignment]
+        order = sorted(range(len(local)), key=lambda i: -len(local[i].prompt or []))
+        batches = [order[i : i + run.batch_size] for i in range(0, len(order), run.batch_size)]
+        limit = self.subset_num_batches or run.cfg.icl_subset_num_batches
+        if limit is not None:
+            batches = batches[:limit]
+        total = sync_calls(len(batches))
+        stops = run.cfg.early_stopping_criteria
+        results = []
+        for b in range(total):
+            prompts = [local[i].prompt for i in batches[b]] if b < len(batches) else [[0]]
+            outputs = generate_greedy(
+                model,
+                self.tokenizer,
+                prompts,
+                device=device,
+                max_new_tokens=task.max_new_tokens if b < len(batches) else 1,
+                stop_strings=stops,
+                generation_kwargs=run.cfg.generation_kwargs,
+                synced=world > 1,
+            )
+            if b >= len(batches):
+                continue
+            for i, text in zip(batches[b], outputs):
+                ex = local[i]
+                ok = generation_correct(
+                    text, ex.answers, stop_strings=stops, cot_delimiter=run.cfg.cot_delimiter,
+                    normalize=run.cfg.do_normalization,
+                )
+                results.append({"index": ex.index, "category": ex.category, "correct": {"accuracy": float(ok)},
+                                "output": text})
+        return results
+
+    def _metrics(self, run: TaskRun) -> dict[str, float]:
+        out: dict[str, float] = {}
+        if not run.results:
+            return out
+        names = list(run.results[0]["correct"])
+        prefix = f"icl/{run.name}"
+        if run.cfg.has_categories:
+            by_cat: dict[str, list[dict]] = {}
+            for r in run.results:
+                by_cat.setdefault(str(r["category"]), []).append(r)
+            for name in names:
+                per_cat = {}
+                for cat, rows in sorted(by_cat.items()):
+                    per_cat[cat] = sum(r["correct"][name] for r in rows) / len(rows)
+                    out[f"{prefix}/{cat}/{name}"] = per_cat[cat]
+                out[f"{prefix}/{name}"] = sum(per_cat.values()) / len(per_cat)
+        else:
+            for name in names:
+                out[f"{prefix}/{name}"] = sum(r["correct"][name] for r in run.results) / len(run.results)
+        return out
+
+
+def _gather(results: list[dict], world: int) -> list[dict]:
+    if world == 1:
+        return sorted(results, key=lambda r: r["index"])
+    everything: list[list[dict] | None] = [None] * world
+    dist.all_gather_object(everything, results)
+    merged = {r["index"]: r for part in everything for r in (part or [])}
+    return [merged[i] for i in sorted(merged)]
