@@ -1,0 +1,147 @@
+"""Time our ICL harness against lm-evaluation-harness on the same Hugging Face model and the same JSONL task.
+
+    python benchmarks/eval_speed.py --model HF_FOLDER --data LOCAL_DATA_DIR [--tasks arc_easy copa] [--limit 200]
+
+Both harnesses read the same file: the first --limit records of the task, stripped as llm-foundry strips them,
+written to a temporary JSONL. Both run 0-shot, in this process, one after the other, with the same batch size
+and thread count. The script prints each harness's acc / acc_norm (and llm-foundry's accuracy), the absolute
+difference in points and the speed ratio (lm-eval seconds / our seconds). lm-eval is optional
+(`pip install lm-eval`); without it only our numbers are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+# label -> (file under local_data, task type, continuation delimiter as in eval/yamls/tasks_v0.3.yaml)
+TASKS = {
+    "arc_easy": ("world_knowledge/arc_easy.jsonl", "multiple_choice", "\nAnswer: "),
+    "arc_challenge": ("world_knowledge/arc_challenge.jsonl", "multiple_choice", "\nAnswer: "),
+    "copa": ("commonsense_reasoning/copa.jsonl", "multiple_choice", " "),
+    "piqa": ("commonsense_reasoning/piqa.jsonl", "multiple_choice", "\nAnswer: "),
+    "openbook_qa": ("commonsense_reasoning/openbook_qa.jsonl", "multiple_choice", " "),
+    "winogrande": ("language_understanding/winogrande.jsonl", "schema", " "),
+    "winograd_wsc": ("language_understanding/winograd_wsc.jsonl", "schema", " "),
+    "lambada_openai": ("language_understanding/lambada_openai.jsonl", "language_modeling", " "),
+}
+
+
+def write_subset(src: Path, dst: Path, limit: int | None) -> int:
+    from llmfoundry.eval.icl.data import read_records
+
+    records = read_records(str(src), strip=True)[:limit]
+    dst.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return len(records)
+
+
+def lm_eval_task_yaml(name: str, path: Path, task_type: str, delimiter: str) -> str:
+    """An lm-eval task over our JSONL that forms the same (context, continuation) pairs as our harness."""
+    ctx_suffix = json.dumps(delimiter.rstrip())[1:-1]  # trailing whitespace moves to the continuation
+    target_delim = delimiter[len(delimiter.rstrip()) :] or ""
+    head = (
+        f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {path}\n"
+        f"test_split: test\ntarget_delimiter: {json.dumps(target_delim)}\n"
+    )
+    if task_type == "multiple_choice":
+        return head + (
+            f'output_type: multiple_choice\ndoc_to_text: "{{{{query}}}}{ctx_suffix}"\ndoc_to_choice: choices\n'
+            "doc_to_target: gold\nmetric_list:\n  - metric: acc\n  - metric: acc_norm\n"
+        )
+    if task_type == "schema":
+        return head + (
+            "output_type: multiple_choice\ndoc_to_text: gold\ndoc_to_choice: context_options\n"
+            "doc_to_target: continuation\nmetric_list:\n  - metric: acc\n  - metric: acc_norm\n"
+        )
+    return head + (
+        f'output_type: loglikelihood\ndoc_to_text: "{{{{context}}}}{ctx_suffix}"\ndoc_to_target: continuation\n'
+        "metric_list:\n  - metric: acc\n"
+    )
+
+
+def run_ours(model, tokenizer, label, path, task_type, delimiter, batch_size, kv_cache):
+    from llmfoundry.eval.runner import ICLEvaluator
+
+    start = time.perf_counter()
+    task = {"label": label, "dataset_uri": str(path), "icl_task_type": task_type, "num_fewshot": [0],
+            "continuation_delimiter": delimiter, "kv_cache": kv_cache}
+    evaluator = ICLEvaluator([task], tokenizer, batch_size=batch_size, max_seq_len=2048)
+    metrics = evaluator.evaluate(model, "cpu")
+    seconds = time.perf_counter() - start
+    return {k.split("/")[-1]: v for k, v in metrics.items()}, seconds
+
+
+def run_lm_eval(model, tokenizer, label, path, task_type, delimiter, batch_size, workdir: Path):
+    import lm_eval
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    name = f"lf_{label}"
+    task_dir = workdir / name
+    task_dir.mkdir(exist_ok=True)
+    (task_dir / f"{name}.yaml").write_text(lm_eval_task_yaml(name, path, task_type, delimiter))
+    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
+    start = time.perf_counter()
+    out = lm_eval.simple_evaluate(model=lm, tasks=[name], task_manager=TaskManager(include_path=str(task_dir)),
+                                  num_fewshot=0, log_samples=False, verbosity="WARNING")
+    seconds = time.perf_counter() - start
+    res = out["results"][name]
+    return {k.split(",")[0]: v for k, v in res.items() if k.split(",")[0] in ("acc", "acc_norm")}, seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="Hugging Face model folder")
+    parser.add_argument("--data", required=True, help="local_data folder (llm-foundry layout)")
+    parser.add_argument("--tasks", nargs="+", default=["arc_easy"], choices=sorted(TASKS))
+    parser.add_argument("--limit", type=int, default=200, help="first N records of each task")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--kv-cache", default="auto", choices=["auto", "on", "off"])
+    parser.add_argument("--skip-lm-eval", action="store_true")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    try:
+        import lm_eval  # noqa: F401
+
+        have_lm_eval = not args.skip_lm_eval
+    except ImportError:
+        have_lm_eval = False
+        print("lm-evaluation-harness is not installed: printing our numbers only")
+    print(f"model {args.model}, threads {torch.get_num_threads()}, batch size {args.batch_size}, 0-shot")
+    print("| task | type | n | harness | accuracy | acc | acc_norm | seconds |")
+    print("|---|---|---:|---|---:|---:|---:|---:|")
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        for label in args.tasks:
+            rel, task_type, delimiter = TASKS[label]
+            path = workdir / f"{label}.jsonl"
+            n = write_subset(Path(args.data) / rel, path, args.limit)
+            ours, t_ours = run_ours(model, tokenizer, label, path, task_type, delimiter, args.batch_size,
+                                    args.kv_cache)
+            acc_norm = ours.get("acc_norm", float("nan"))
+            print(f"| {label} | {task_type} | {n} | llmfoundry | {ours['accuracy']:.4f} | {ours['acc']:.4f} | "
+                  f"{acc_norm:.4f} | {t_ours:.1f} |", flush=True)
+            if not have_lm_eval:
+                continue
+            theirs, t_theirs = run_lm_eval(model, tokenizer, label, path, task_type, delimiter, args.batch_size,
+                                           workdir)
+            print(f"| {label} | {task_type} | {n} | lm-eval | | {theirs['acc']:.4f} | "
+                  f"{theirs.get('acc_norm', float('nan')):.4f} | {t_theirs:.1f} |", flush=True)
+            diffs = [abs(ours[m] - theirs[m]) * 100 for m in ("acc", "acc_norm") if m in theirs]
+            print(f"|  |  |  | difference (points) / speed-up | | {diffs[0]:.2f} | "
+                  f"{diffs[1] if len(diffs) > 1 else float('nan'):.2f} | {t_theirs / t_ours:.2f}x |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
