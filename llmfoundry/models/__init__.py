@@ -1,11 +1,7 @@
 """Model builders. Importing this package registers `mpt_causal_lm` and `hf_causal_lm` in llmfoundry.registry."""
 
-from llmfoundry.models import mpt  # noqa: F401  (registers mpt_causal_lm)
-from llmfoundry.models.mpt import MPTConfig, MPTForCausalLM
+from llmfoundry.models import hf, mpt  # noqa: F401  (each registers its builder on import)
+from llmfoundry.models.hf import HFCausalLM, HFModelSettings
+from llmfoundry.models.mpt import MPTConfig, MPTForCausalLM, MPTModelSettings
 
-try:  # hf_causal_lm is written alongside; keep mpt usable while it is missing
-    from llmfoundry.models import hf  # noqa: F401  (registers hf_causal_lm)
-except ImportError:  # pragma: no cover
-    pass
-
-__all__ = ["MPTConfig", "MPTForCausalLM"]
+__all__ = ["HFCausalLM", "HFModelSettings", "MPTConfig", "MPTForCausalLM", "MPTModelSettings"]

@@ -103,3 +103,19 @@ def test_convert_dtype_and_bad_paths(tmp_path, tokenizer):
     assert cli(["convert", str(tmp_path / "missing"), str(tmp_path / "out")]) == 2
     with pytest.raises(ConfigError):
         load_as_mpt(tmp_path / "missing")
+
+
+def test_generate_cli_prompts_file_sampling_seed_and_errors(tmp_path, tokenizer, capsys):
+    ours = _ours(ALIBI_MHA_GELU)
+    ours.save_pretrained(tmp_path / "m")
+    tokenizer.save_pretrained(tmp_path / "m")
+    (tmp_path / "prompts.txt").write_text("The dog jumps\nA blue river\nSmall city\n")
+    args = ["generate", str(tmp_path / "m"), "--prompts_file", str(tmp_path / "prompts.txt"), "--max_new_tokens", "6",
+            "--temperature", "0.9", "--top_p", "0.9", "--top_k", "20", "--seed", "7", "--batch_size", "2"]  # fmt: skip
+    assert cli(args) == 0
+    first = capsys.readouterr()
+    assert first.out.count("### completion") == 3 and "tokens/s" in first.err
+    assert cli(args) == 0
+    assert capsys.readouterr().out == first.out  # same seed, same samples
+    assert cli(["generate", str(tmp_path / "m")]) == 2  # no prompt
+    assert cli(["generate", str(tmp_path / "m"), "--prompt", "x", "--max_new_tokens", "0"]) == 2
