@@ -59,7 +59,8 @@ def lm_eval_task_yaml(name: str, path: Path, task_type: str, delimiter: str) -> 
             "doc_to_target: continuation\nmetric_list:\n  - metric: acc\n  - metric: acc_norm\n"
         )
     return head + (
-        f'output_type: loglikelihood\ndoc_to_text: "{{{{context}}}}{ctx_suffix}"\ndoc_to_target: continuation\n'
+        f'output_type: loglikelihood\ndoc_to_text: "{{{{context}}}}{ctx_suffix}"\n'
+        f"doc_to_target: \"{{{{'{json.dumps(target_delim)[1:-1]}' + continuation}}}}\"\n"
         "metric_list:\n  - metric: acc\n"
     )
 

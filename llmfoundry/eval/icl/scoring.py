@@ -100,14 +100,24 @@ def _logits(output) -> torch.Tensor:
     return output.logits if hasattr(output, "logits") else output[0]
 
 
-def score_full(model, seqs: list[Sequence], device, pad_id: int = 0) -> list[SequenceScore]:
-    """Each sequence run whole (right padding: real tokens never see the padding under the causal mask)."""
+def score_full(model, seqs: list[Sequence], device, pad_id: int = 0, trim_logits: bool = False) -> list[SequenceScore]:
+    """Each sequence run whole (right padding: real tokens never see the padding under the causal mask).
+
+    With ``trim_logits`` (models whose forward takes ``logits_to_keep``) only the last positions that hold some
+    sequence's continuation predictions get the output projection."""
     ids, mask = _pad_right([s.tokens for s in seqs], pad_id, device)
-    logits = _logits(model(input_ids=ids, attention_mask=mask))
+    width = ids.shape[1]
+    kwargs = {}
+    offset = 0
+    if trim_logits:
+        keep = width - min(s.cont_start for s in seqs) + 1
+        kwargs["logits_to_keep"] = keep
+        offset = width - keep
+    logits = _logits(model(input_ids=ids, attention_mask=mask, **kwargs))
     scores = []
     for r, s in enumerate(seqs):
         targets = ids[r, s.cont_start : len(s.tokens)]
-        scores.append(_score_rows(logits[r, s.cont_start - 1 : len(s.tokens) - 1], targets))
+        scores.append(_score_rows(logits[r, s.cont_start - 1 - offset : len(s.tokens) - 1 - offset], targets))
     return scores
 
 
@@ -196,7 +206,7 @@ def run_scoring(
         if use_kv_cache:
             scored = score_shared_prefix(model, batch, device, keep_last_only=keep_last)
         else:
-            flat = score_full(model, [s for group in batch for s in group], device)
+            flat = score_full(model, [s for group in batch for s in group], device, trim_logits=keep_last)
             scored, i = [], 0
             for group in batch:
                 scored.append(flat[i : i + len(group)])

@@ -1,0 +1,131 @@
+"""Scoring rules on hand-computed examples, and the batched/KV-cached scorer against a direct computation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from llmfoundry.eval.icl.metrics import (
+    SequenceScore,
+    generation_correct,
+    length_normalised_choice,
+    mean_token_choice,
+    normalize_answer,
+    summed_logprob_choice,
+)
+from llmfoundry.eval.icl.scoring import (
+    kv_cache_saving,
+    plan_batches,
+    score_full,
+    score_shared_prefix,
+    shared_prefix_len,
+    supports_kv_cache,
+)
+from llmfoundry.eval.icl.tasks import Sequence
+
+
+def test_the_three_choice_rules_disagree_as_computed_by_hand():
+    # choice 0: -3.0 over 1 token ("ab", 2 chars);  mean -3.0, sum -3.0, per char -1.5
+    # choice 1: -4.0 over 4 tokens ("abcdefgh", 8 chars); mean -1.0, sum -4.0, per char -0.5
+    # choice 2: -2.5 over 1 token ("a", 1 char);   mean -2.5, sum -2.5, per char -2.5
+    scores = [SequenceScore(-3.0, 1, False), SequenceScore(-4.0, 4, False), SequenceScore(-2.5, 1, False)]
+    texts = ["ab", "abcdefgh", "a"]
+    assert mean_token_choice(scores, texts) == 1  # llm-foundry: lowest mean per-token loss
+    assert summed_logprob_choice(scores, texts) == 2  # lm-eval acc
+    assert length_normalised_choice(scores, texts) == 1  # lm-eval acc_norm
+
+
+def test_acc_norm_divides_by_text_length_not_tokens():
+    scores = [SequenceScore(-6.0, 1, False), SequenceScore(-4.0, 4, False)]
+    assert length_normalised_choice(scores, ["abcdef", "ab"]) == 0  # -1.0/char beats -2.0/char
+    assert summed_logprob_choice(scores, ["abcdef", "ab"]) == 1
+
+
+def test_ties_go_to_the_first_choice():
+    scores = [SequenceScore(-1.0, 1, False), SequenceScore(-1.0, 1, False)]
+    assert mean_token_choice(scores, ["a", "b"]) == summed_logprob_choice(scores, ["a", "b"]) == 0
+
+
+def test_generation_answers_are_cut_at_stop_strings_and_normalised():
+    assert normalize_answer("The  Eiffel-Tower!") == "eiffeltower"
+    assert generation_correct(" Paris\nQ: next", ["paris"], stop_strings=["\n"])
+    assert not generation_correct(" Lyon, not Paris", ["paris"])
+    assert generation_correct(" the Paris.", ["Paris"])  # articles and punctuation dropped
+    assert not generation_correct(" the Paris.", ["Paris"], normalize=False)
+    assert generation_correct("3 plus 4 is 7. #### 7", ["7"], cot_delimiter=" #### ")
+    assert not generation_correct("3 plus 4 is 7. #### 8", ["7"], cot_delimiter=" #### ")
+
+
+class BigramLM(torch.nn.Module):
+    """logits[t] = table[input_ids[t]]: log-likelihoods can be computed by hand."""
+
+    def __init__(self, vocab: int):
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(0)))
+
+    def forward(self, input_ids, attention_mask=None):
+        return type("Out", (), {"logits": self.table[input_ids]})()
+
+
+def _by_hand(table: torch.Tensor, seq: Sequence) -> tuple[float, bool]:
+    lp, greedy = 0.0, True
+    for t in range(seq.cont_start, len(seq.tokens)):
+        row = F.log_softmax(table[seq.tokens[t - 1]], -1)
+        lp += row[seq.tokens[t]].item()
+        greedy &= int(row.argmax()) == seq.tokens[t]
+    return lp, greedy
+
+
+def test_full_scoring_matches_a_hand_computed_bigram_model():
+    model = BigramLM(12)
+    seqs = [Sequence([1, 2, 3, 4], 2), Sequence([5, 6, 7, 8, 9, 10], 3), Sequence([3, 3], 1)]
+    best = int(model.table[3].argmax())
+    seqs.append(Sequence([3, best], 1))
+    for seq, score in zip(seqs, score_full(model, seqs, "cpu")):
+        lp, greedy = _by_hand(model.table.detach(), seq)
+        assert math.isclose(score.logprob, lp, rel_tol=1e-5)
+        assert score.num_tokens == len(seq.tokens) - seq.cont_start and score.greedy == greedy
+    assert score_full(model, seqs[-1:], "cpu")[0].greedy
+
+
+def _reference(model, seq: Sequence) -> float:
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([seq.tokens])).logits[0]
+    logp = F.log_softmax(logits.float(), -1)
+    return sum(logp[t - 1, seq.tokens[t]].item() for t in range(seq.cont_start, len(seq.tokens)))
+
+
+@pytest.mark.parametrize("model_name", ["llama", "gpt2"])
+def test_shared_prefix_kv_path_equals_running_each_sequence_alone(model_name, request):
+    model = request.getfixturevalue(model_name)
+    assert supports_kv_cache(model)
+    groups = [
+        [Sequence([5, 6, 7, 8, 9, 20], 5), Sequence([5, 6, 7, 8, 9, 21, 22, 23], 5)],  # shared prefix of 5
+        [Sequence([30, 31, 40, 41], 2), Sequence([30, 32, 40], 2), Sequence([30, 31, 42, 43, 44], 2)],  # of 1
+    ]
+    assert [shared_prefix_len(g) for g in groups] == [5, 1]
+    with torch.no_grad():
+        scored = score_shared_prefix(model, groups, "cpu", keep_last_only=model_name == "llama")
+        flat = score_full(model, [s for g in groups for s in g], "cpu", trim_logits=model_name == "llama")
+    for group, scores in zip(groups, scored):
+        for seq, score in zip(group, scores):
+            assert math.isclose(score.logprob, _reference(model, seq), rel_tol=1e-4, abs_tol=1e-4)
+    for seq, score in zip([s for g in groups for s in g], flat):
+        assert math.isclose(score.logprob, _reference(model, seq), rel_tol=1e-4, abs_tol=1e-4)
+
+
+def test_batches_keep_groups_whole_and_respect_the_limits():
+    groups = [[Sequence([1] * n, 1)] * k for n, k in [(5, 4), (50, 2), (10, 4), (7, 3)]]
+    batches = plan_batches(groups, batch_size=8, max_batch_tokens=10_000)
+    assert sorted(g for b in batches for g in b) == [0, 1, 2, 3]
+    assert batches[0][0] == 1  # longest first
+    assert all(sum(len(groups[g]) for g in b) <= 8 for b in batches)
+    assert all(len(b) == 1 for b in plan_batches(groups, batch_size=8, max_batch_tokens=40))
+
+
+def test_kv_saving_is_zero_when_a_group_shares_no_prefix():
+    assert kv_cache_saving([[Sequence([1, 2, 3], 2), Sequence([4, 2, 3], 2)]]) == 0.0
+    assert kv_cache_saving([[Sequence([1, 2, 3], 2), Sequence([1, 2, 4], 2)]]) == pytest.approx(2 / 6)
