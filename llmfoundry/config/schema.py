@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from llmfoundry import registry
 from llmfoundry.config.fields import option
 from llmfoundry.config.validate import Check, Component, Registered, RegisteredMap, to_plain, validate
+from llmfoundry.train.settings import CheckpointUploadConfig, CompileConfig, FSDPConfig
 from llmfoundry.train.timeunits import check_time
 
 __all__ = ["TrainConfig", "TokenizerConfig", "PrepareDataConfig", "validate", "to_plain", "Component"]
@@ -78,8 +79,10 @@ class TrainConfig:
     icl_seq_len: int | None = option(None, "sequence length for ICL tasks", unsupported="icl_seq_len")
     eval_gauntlet: Any = option(None, "eval gauntlet (mapping or YAML path)", unsupported="eval_gauntlet")
     # --- parallelism ---
-    fsdp_config: dict[str, Any] | None = option(None, "FSDP settings", unsupported="fsdp_config")
-    compile_config: dict[str, Any] | None = option(None, "torch.compile settings", unsupported="compile_config")
+    fsdp_config: FSDPConfig | None = option(
+        None, "shard the model with FSDP2 (fully_shard per block, then the root); none = DDP on several ranks"
+    )
+    compile_config: CompileConfig | None = option(None, "torch.compile each block ({} = defaults; none = eager)")
     dist_timeout: float = option(600.0, "seconds to wait for other ranks before failing")
     # --- logging ---
     run_name: str | None = option(None, "name of the run (default: a timestamp)")
@@ -98,7 +101,10 @@ class TrainConfig:
     save_interval: TimeString = option("1000ba", "how often to save a checkpoint")
     save_num_checkpoints_to_keep: int = option(-1, "keep the newest N checkpoints (-1 = all)")
     save_overwrite: bool = option(False, "allow overwriting checkpoints already in save_folder")
-    save_weights_only: bool = option(False, "save model weights only", unsupported="save_weights_only")
+    save_weights_only: bool = option(False, "save model weights only (no optimizer state; resuming restarts the optimizer)")
+    checkpoint_upload: CheckpointUploadConfig = option(
+        default_factory=CheckpointUploadConfig, doc="staging and retries for an s3:// save_folder"
+    )
     load_path: str | None = option(None, "checkpoint to start from (a checkpoint folder or a save_folder)")
     load_weights_only: bool = option(False, "load only model weights from load_path (fresh optimizer and time)")
     load_strict_model_weights: bool = option(True, "fail when load_path lacks or adds model weights")

@@ -33,7 +33,11 @@ class GradientClipping:
     def clip(self, model: torch.nn.Module) -> torch.Tensor | None:
         params = [p for p in model.parameters() if p.grad is not None]
         if self.settings.clipping_type == "norm":
-            return torch.nn.utils.clip_grad_norm_(params, self.settings.clipping_threshold)
+            total = torch.nn.utils.get_total_norm([p.grad for p in params])
+            if hasattr(total, "full_tensor"):  # FSDP2: sharded gradients give a partial norm; reduce it
+                total = total.full_tensor()
+            torch.nn.utils.clip_grads_with_norm_(params, self.settings.clipping_threshold, total)
+            return total
         torch.nn.utils.clip_grad_value_(params, self.settings.clipping_threshold)
         return None
 

@@ -42,6 +42,7 @@ from llmfoundry.train import dist
 
 LATEST = "latest"
 CONFIG_FILE = "config.yaml"
+FULL_WEIGHTS = "model_full.pt"
 _NAME = re.compile(r"^ep(\d+)-ba(\d+)$")
 # DCP warns on every call when there is no process group; one process is a normal way to run.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
@@ -117,36 +118,49 @@ def save_checkpoint(
     tokenizer: Any,
     overwrite: bool,
     keep: int = -1,
+    weights_only: bool = False,
+    full_weights: bool = False,
+    publish: bool = True,
 ) -> Path:
-    """Write one checkpoint (collective: every rank calls it) and point ``latest`` at it; returns its path."""
+    """Write one checkpoint (collective: every rank calls it) and point ``latest`` at it; returns its path.
+
+    ``weights_only``: leave the optimizer state out. ``full_weights``: also write the gathered model weights as
+    ``model_full.pt`` (rank 0). ``publish=False`` writes straight into ``folder/name`` with no rename, ``latest``
+    or retention: used for the staging folder of an s3:// save_folder, where the upload's completion marker
+    plays that role.
+    """
     folder = Path(folder)
     final = folder / name
-    partial = folder / f".{name}.partial"
+    target = folder / f".{name}.partial" if publish else final
     if dist.rank() == 0:
-        if final.exists():
+        if publish and final.exists():
             if not overwrite:
                 raise ConfigError(f"save_folder: checkpoint '{final}' already exists (set save_overwrite: true "
                                   "or choose another save_folder)")
             shutil.rmtree(final)
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
+        shutil.rmtree(target, ignore_errors=True)
     dist.barrier()
+    target.mkdir(parents=True, exist_ok=True)  # every rank: a staging folder may be local to each node
 
     state: dict[str, Any] = {"model": get_model_state_dict(model)}
-    if optimizer is not None:
+    if optimizer is not None and not weights_only:
         state["optimizer"] = get_optimizer_state_dict(model, optimizer)
-    dcp.save(state, checkpoint_id=str(partial))
+    dcp.save(state, checkpoint_id=str(target))
     torch.save({"trainer": trainer_state, "rng": _rng_state(), "dataloader": loader_state,
-                "world_size": dist.world_size()},
-               partial / f"rank{dist.rank()}.pt")
+                "world_size": dist.world_size(), "weights_only": weights_only or optimizer is None},
+               target / f"rank{dist.rank()}.pt")
+    if full_weights:
+        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if dist.rank() == 0:
+            torch.save(full, target / FULL_WEIGHTS)
     if dist.rank() == 0:
-        (partial / CONFIG_FILE).write_text(yaml.safe_dump(config, sort_keys=False))
+        (target / CONFIG_FILE).write_text(yaml.safe_dump(config, sort_keys=False))
         if tokenizer is not None:
-            tokenizer.save_pretrained(str(partial / "tokenizer"))
+            tokenizer.save_pretrained(str(target / "tokenizer"))
     dist.barrier()
 
-    if dist.rank() == 0:
-        os.replace(partial, final)
+    if publish and dist.rank() == 0:
+        os.replace(target, final)
         _write_atomically(folder / LATEST, name + "\n")
         if keep > 0:
             for old in list_checkpoints(folder)[:-keep]:
@@ -169,8 +183,11 @@ def load_checkpoint(
     """
     path = resolve_checkpoint(path)
     options = StateDictOptions(strict=strict)
+    rank0_file = path / "rank0.pt"
+    rank0 = torch.load(rank0_file, weights_only=False) if rank0_file.exists() else {}
+    with_optimizer = not weights_only and optimizer is not None and not rank0.get("weights_only", False)
     state: dict[str, Any] = {"model": get_model_state_dict(model)}
-    if not weights_only and optimizer is not None:
+    if with_optimizer:
         state["optimizer"] = get_optimizer_state_dict(model, optimizer)
     try:
         dcp.load(state, checkpoint_id=str(path), planner=DefaultLoadPlanner(allow_partial_load=not strict))
@@ -181,14 +198,12 @@ def load_checkpoint(
     set_model_state_dict(model, state["model"], options=options)
     if weights_only:
         return {}
-    if optimizer is not None:
+    if with_optimizer:
         set_optimizer_state_dict(model, optimizer, state["optimizer"], options=options)
     rank_file = path / f"rank{dist.rank()}.pt"
-    rank0_file = path / "rank0.pt"
-    per_rank = torch.load(rank_file if rank_file.exists() else rank0_file, weights_only=False)
+    per_rank = torch.load(rank_file, weights_only=False) if rank_file.exists() else rank0
     if rank_file.exists() and per_rank.get("world_size") == dist.world_size():
-        _set_rng_state(per_rank["rng"])
-    rank0 = per_rank if rank_file == rank0_file else torch.load(rank0_file, weights_only=False)
+        _set_rng_state(per_rank["rng"])  # on another world size, RNG streams restart from the seed
     return {"trainer": rank0["trainer"], "dataloader": rank0.get("dataloader")}
 
 
@@ -214,3 +229,110 @@ def load_model_for_inference(path: str | Path, device: str | torch.device = "cpu
     model = build_model(cfg, tokenizer)
     load_checkpoint(path, model=model, optimizer=None, weights_only=True)
     return model.to(device).eval(), tokenizer
+
+
+class Checkpointer:
+    """Saves to a local or ``s3://`` save_folder and finds the checkpoint to resume from.
+
+    Local: :func:`save_checkpoint` with an atomic rename and ``latest``. S3: the checkpoint is written to a local
+    staging folder and uploaded by this rank's background :class:`~llmfoundry.train.remote.Uploader`; training
+    goes on meanwhile, and the checkpoint becomes ``latest`` only once every rank's files are up.
+    """
+
+    def __init__(self, save_folder: str | None, upload_cfg=None, *, keep: int = -1, overwrite: bool = False):
+        from llmfoundry.train import remote
+
+        self.save_folder = save_folder
+        self.keep = keep
+        self.overwrite = overwrite
+        self.upload_cfg = upload_cfg
+        self.remote = remote.is_remote(save_folder)
+        self.uploader: remote.Uploader | None = None
+        if self.remote:
+            self.staging = remote.staging_root(save_folder, upload_cfg.staging_folder if upload_cfg else None)
+            kwargs = {}
+            if upload_cfg is not None:
+                kwargs = dict(timeout_s=upload_cfg.timeout_s, initial_backoff_s=upload_cfg.initial_backoff_s,
+                              max_backoff_s=upload_cfg.max_backoff_s)
+            self.uploader = remote.Uploader(save_folder, dist.rank(), **kwargs)
+
+    def save(self, name: str, **kwargs) -> str:
+        """Write checkpoint ``name`` (collective); returns where it is (or will be, once uploaded)."""
+        from llmfoundry.train import remote
+
+        if not self.remote:
+            return str(save_checkpoint(self.save_folder, name, overwrite=self.overwrite, keep=self.keep, **kwargs))
+        problem = None
+        if dist.rank() == 0 and not self.overwrite:
+            if remote.RemoteFolder(self.save_folder).exists(name, remote.COMPLETE):
+                problem = (f"save_folder: checkpoint '{self.save_folder}/{name}' already exists (set "
+                           "save_overwrite: true or choose another save_folder)")
+        if (problem := dist.broadcast_object(problem)) is not None:
+            raise ConfigError(problem)
+        staged = save_checkpoint(self.staging, name, overwrite=True, publish=False, **kwargs)
+        self.uploader.submit(remote.UploadJob(name, staged, dist.world_size(), self.keep))
+        return f"{self.save_folder.rstrip('/')}/{name}"
+
+    def metrics(self) -> dict[str, float]:
+        from llmfoundry.train import remote
+
+        return remote.describe(self.uploader)
+
+    def finish(self, timeout_s: float) -> bool:
+        """Wait for pending uploads (every rank); False if some did not finish or failed."""
+        if self.uploader is None:
+            return True
+        done = self.uploader.close(timeout_s)
+        return done and not self.uploader.failed
+
+    def latest(self) -> str | None:
+        """The newest complete checkpoint in save_folder as a local path (downloaded when remote), or None."""
+        if not self.save_folder:
+            return None
+        if not self.remote:
+            path = latest_checkpoint(self.save_folder)
+            return str(path) if path is not None else None
+        from llmfoundry.train import remote
+
+        name = dist.broadcast_object(remote.RemoteFolder(self.save_folder).latest() if dist.rank() == 0 else None)
+        if name is None:
+            return None
+        return fetch(self.save_folder, name, self.staging)
+
+
+def fetch(url: str, name: str, staging: Path) -> str:
+    """Download checkpoint ``name`` of the s3:// save_folder ``url`` (one rank per node) and return its path."""
+    import os
+
+    from llmfoundry.train import remote
+
+    dest = Path(staging) / "downloads"
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        remote.RemoteFolder(url).download(name, dest)
+    dist.barrier()
+    return str(dest / name)
+
+
+def remote_staging(path: str, upload_cfg=None) -> Path:
+    from llmfoundry.train import remote
+
+    return remote.staging_root(path, upload_cfg.staging_folder if upload_cfg is not None else None)
+
+
+def resolve_load_path(path: str, staging: Path) -> str:
+    """A local checkpoint path for ``load_path`` (an s3:// checkpoint or save_folder is downloaded first)."""
+    from llmfoundry.train import remote
+
+    if not remote.is_remote(path):
+        return path
+    found: tuple[str, str] | str | None = None
+    if dist.rank() == 0:
+        try:
+            folder, name = remote.resolve_remote(path)
+            found = (folder.url, name)
+        except ConfigError as error:
+            found = str(error)
+    found = dist.broadcast_object(found)
+    if isinstance(found, str):
+        raise ConfigError(found)
+    return fetch(found[0], found[1], staging)

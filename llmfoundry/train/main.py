@@ -1,9 +1,17 @@
-"""`llmfoundry train RECIPE.yaml [overrides]` (also `python scripts/train.py ...` and under torchrun)."""
+"""`llmfoundry train RECIPE.yaml [overrides]` (also `python scripts/train.py ...` and under torchrun).
+
+Several processes: ``torchrun --nproc_per_node N scripts/train.py RECIPE.yaml ...`` (multi-node through torchrun's
+rendezvous flags), or ``llmfoundry train -n N RECIPE.yaml ...``, which runs ``python -m torch.distributed.run
+--standalone --nproc_per_node N`` on this command line for one machine. There is no launcher of our own.
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import subprocess
+import sys
 
 from llmfoundry.config.load import load_config
 from llmfoundry.config.schema import TrainConfig, validate
@@ -16,6 +24,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("recipe", help="path of the YAML recipe, e.g. yamls/quickstart.yaml")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. max_duration=10ba")
+    parser.add_argument("-n", "--nproc", type=int, default=None,
+                        help="processes on this machine (one per GPU): runs the job under torch.distributed.run")
     return parser.parse_args(argv)
 
 
@@ -25,16 +35,31 @@ def load_train_config(recipe: str, overrides: list[str]) -> tuple[TrainConfig, d
     return validate(plain, TrainConfig), plain
 
 
+def torchrun_command(nproc: int, recipe: str, overrides: list[str]) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+            "-m", "llmfoundry.cli", "train", recipe, *overrides]
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    cfg, plain = load_train_config(args.recipe, args.overrides)
+    cfg, plain = load_train_config(args.recipe, args.overrides)  # bad input fails here, once, with exit code 2
+    if args.nproc is not None and "LOCAL_RANK" not in os.environ:
+        if args.nproc < 1:
+            from llmfoundry.config.errors import ConfigError
+
+            raise ConfigError(f"-n: {args.nproc} processes (use 1 or more)")
+        if args.nproc > 1:
+            return subprocess.call(torchrun_command(args.nproc, args.recipe, args.overrides))
     if cfg.python_log_level:
         logging.basicConfig(level=cfg.python_log_level.upper(), format="%(asctime)s %(name)s: %(message)s")
     from llmfoundry.train import dist
-    from llmfoundry.train.trainer import Trainer
+    from llmfoundry.train.trainer import Trainer, TrainingStopped
 
     try:
         Trainer(cfg, plain).fit()
+    except TrainingStopped as error:
+        print(f"training stopped: {error}", file=sys.stderr)
+        return 3
     finally:
         dist.destroy()
     return 0

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from llmfoundry import registry
 from llmfoundry.config.errors import ConfigError
 from llmfoundry.config.schema import TrainConfig, to_plain
-from llmfoundry.train import checkpoint, dist, precision
+from llmfoundry.train import checkpoint, dist, parallel, precision
 from llmfoundry.train.builders import (
     build_dataloader,
     build_model,
@@ -67,10 +67,17 @@ def count_target_tokens(labels: torch.Tensor) -> torch.Tensor:
     return (labels[:, 1:] != -100).sum()
 
 
+class TrainingStopped(RuntimeError):
+    """Raised (by the trainer or a callback such as loss_spike_guard) to stop training with a clear message."""
+
+
 class Trainer:
     def __init__(self, cfg: TrainConfig, config_plain: dict[str, Any] | None = None):
         self.cfg = cfg
-        self.config_plain = config_plain if config_plain is not None else to_plain(cfg)
+        from llmfoundry.train.secrets import mask_secrets
+
+        # What is logged and saved next to checkpoints: never with tokens, keys or passwords in it.
+        self.config_plain = mask_secrets(config_plain if config_plain is not None else to_plain(cfg))
         self.dist = dist.init_distributed(cfg.dist_timeout)
         self.device = self.dist.device
         self.run_name = dist.broadcast_object(cfg.run_name or time.strftime("llmfoundry-%Y%m%d-%H%M%S"))
@@ -87,18 +94,30 @@ class Trainer:
                               f"{world} ranks (use a multiple of {world})")
         self.device_batch_size = cfg.global_train_batch_size // world
         micro = cfg.device_train_microbatch_size
+        # auto: the whole device batch, halved on a CUDA out-of-memory error (see train_step)
+        self.auto_microbatch = micro == "auto"
         self.microbatch_size = self.device_batch_size if micro == "auto" else micro
         if self.microbatch_size < 1:
             raise ConfigError("device_train_microbatch_size: must be at least 1")
 
-        self.model = build_model(cfg, self.tokenizer).to(self.device, precision.weight_dtype(cfg.precision))
+        model = build_model(cfg, self.tokenizer)
+        if parallel.is_meta(model):  # materialised after sharding, on this rank's device
+            self.model = model.to(precision.weight_dtype(cfg.precision))
+        else:
+            self.model = model.to(self.device, precision.weight_dtype(cfg.precision))
+        self.parallel_model = parallel.parallelize(
+            self.model, fsdp=cfg.fsdp_config, compile_cfg=cfg.compile_config, precision=cfg.precision,
+            device=self.device, world_size=world, seed=cfg.seed)
         self.vocab_size = self._vocab_size(self.model)
-        self.parallel_model = self._wrap(self.model)
         self.optimizer = build_optimizer(cfg, self.model)
         self.scaler = precision.grad_scaler(cfg.precision, self.device)
         self.algorithms = build_named(registry.algorithms, cfg.algorithms)
         self.callbacks = build_named(registry.callbacks, cfg.callbacks)
         self.loggers = build_named(registry.loggers, cfg.loggers, self.run_name) if self.dist.is_main else []
+        self.checkpointer = checkpoint.Checkpointer(cfg.save_folder, cfg.checkpoint_upload,
+                                                    keep=cfg.save_num_checkpoints_to_keep,
+                                                    overwrite=cfg.save_overwrite)
+        self.batch: dict[str, torch.Tensor] | None = None  # the device batch being trained on (for callbacks)
 
         self.train_loader = build_dataloader(cfg.train_loader, self.tokenizer, self.device_batch_size, "train_loader")
         self.eval_loader = (build_dataloader(cfg.eval_loader, self.tokenizer, cfg.device_eval_batch_size, "eval_loader")
@@ -120,14 +139,6 @@ class Trainer:
     def _vocab_size(model: torch.nn.Module) -> int | None:
         embeddings = getattr(model, "get_input_embeddings", lambda: None)()
         return getattr(embeddings, "num_embeddings", None)
-
-    def _wrap(self, model: torch.nn.Module) -> torch.nn.Module:
-        if self.dist.world_size == 1:
-            return model
-        from torch.nn.parallel import DistributedDataParallel
-
-        device_ids = [self.device.index] if self.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=device_ids)
 
     def _rates(self) -> Rates:
         cfg = self.cfg
@@ -159,11 +170,12 @@ class Trainer:
         if cfg.autoresume:
             if not cfg.save_folder:
                 raise ConfigError("autoresume: needs save_folder (the folder to resume from)")
-            latest = checkpoint.latest_checkpoint(cfg.save_folder)
+            latest = self.checkpointer.latest()
             if latest is not None:
                 path, weights_only = latest, False
         if path is None and cfg.load_path:
-            path = cfg.load_path
+            staging = checkpoint.remote_staging(cfg.load_path, cfg.checkpoint_upload)
+            path = checkpoint.resolve_load_path(cfg.load_path, staging)
         if path is None:
             return
         restored = checkpoint.load_checkpoint(path, model=self.model, optimizer=self.optimizer,
@@ -217,6 +229,8 @@ class Trainer:
             last_metrics.update(self.evaluate())
         if cfg.save_folder and last_save_batch != self.time.batch:
             self.save()
+        if not self.checkpointer.finish(cfg.checkpoint_upload.wait_at_end_s):
+            log.error("some checkpoint uploads to %s did not complete", cfg.save_folder)
         for cb in self.callbacks:
             cb.on_fit_end(self)
         self._summary()
@@ -226,44 +240,59 @@ class Trainer:
 
     def train_step(self, device_batch: dict[str, torch.Tensor]) -> dict[str, float]:
         cfg = self.cfg
+        device_batch = {k: v.to(self.device, non_blocking=True) for k, v in device_batch.items()}
+        self.batch = device_batch
         for cb in self.callbacks:
             cb.on_batch_start(self)
-        torch.manual_seed(cfg.seed + self.time.batch * self.dist.world_size + self.dist.rank)  # dropout RNG
         self.parallel_model.train()
-        device_batch = {k: v.to(self.device, non_blocking=True) for k, v in device_batch.items()}
         self._check_token_ids(device_batch["input_ids"])
         num_samples = device_batch["input_ids"].size(0)
         targets = dist.all_reduce_sum(count_target_tokens(device_batch["labels"]).float())
-        loss_sum = torch.zeros((), device=self.device)
-        starts = list(range(0, num_samples, self.microbatch_size))
-        for i, start in enumerate(starts):
-            micro = {k: v[start:start + self.microbatch_size] for k, v in device_batch.items()}
-            is_last = i == len(starts) - 1
-            sync = contextlib.nullcontext() if is_last or self.dist.world_size == 1 else self.parallel_model.no_sync()
-            with sync:
-                with precision.autocast(cfg.precision, self.device):
-                    logits = self.parallel_model(**self._model_inputs(micro)).logits
-                micro_loss = causal_lm_loss_sum(logits, micro["labels"])
-                # Normalise by the tokens of the whole global batch; DDP/FSDP average over ranks, so undo that.
-                scaled = micro_loss * self.dist.world_size / targets.clamp(min=1)
-                (self.scaler.scale(scaled) if self.scaler else scaled).backward()
-            loss_sum += micro_loss.detach()
-        if self.scaler:
-            self.scaler.unscale_(self.optimizer)
+        while True:
+            try:
+                loss_sum = self._forward_backward(device_batch, targets)
+                oom = False
+            except torch.cuda.OutOfMemoryError:
+                if not self.auto_microbatch:
+                    raise
+                oom = True
+            if self.auto_microbatch and self.device.type == "cuda" and self.dist.world_size > 1:
+                oom = bool(dist.all_reduce_sum(torch.tensor(float(oom), device=self.device)) > 0)
+            if not oom:
+                break
+            if self.microbatch_size == 1:
+                raise TrainingStopped("device_train_microbatch_size: out of memory even with microbatches of 1 "
+                                      "sample (use a smaller model, fsdp_config or activation_checkpointing)")
+            # Redo the whole step with smaller microbatches: gradients restart from zero and the per-token
+            # normalisation does not depend on the split, so the math is the same.
+            self.optimizer.zero_grad(set_to_none=True)
+            torch.cuda.empty_cache()
+            self.microbatch_size = max(1, self.microbatch_size // 2)
+            log.warning("out of memory: device_train_microbatch_size is now %d", self.microbatch_size)
+        loss = float(dist.all_reduce_sum(loss_sum) / targets.clamp(min=1))
+
         metrics: dict[str, float] = {}
-        for algorithm in self.algorithms:
-            norm = algorithm.clip(self.parallel_model)
-            if norm is not None:
-                metrics["grad_norm"] = float(norm)
-        if self.scaler:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
+        skip = any(cb.should_skip_step(self, loss) for cb in self.callbacks)
+        if skip:
+            self.optimizer.zero_grad(set_to_none=True)
+            metrics["train/skipped_step"] = 1.0
+            if self.scaler:
+                self.scaler.update()
         else:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+            if self.scaler:
+                self.scaler.unscale_(self.optimizer)
+            for algorithm in self.algorithms:
+                norm = algorithm.clip(self.parallel_model)
+                if norm is not None:
+                    metrics["grad_norm"] = float(norm)
+            if self.scaler:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
 
-        loss = float(dist.all_reduce_sum(loss_sum) / targets.clamp(min=1))
         self.time.batch += 1
         self.time.batch_in_epoch += 1
         self.time.sample += num_samples * self.dist.world_size
@@ -272,9 +301,31 @@ class Trainer:
             log.warning("non-finite training loss at batch %d", self.time.batch)
         metrics["loss/train/total"] = loss
         metrics.update(self.time.as_metrics())
+        metrics.update(self.checkpointer.metrics())
         for cb in self.callbacks:
             cb.on_batch_end(self, metrics)
         return metrics
+
+    def _forward_backward(self, device_batch: dict[str, torch.Tensor], targets: torch.Tensor) -> torch.Tensor:
+        """Accumulate the gradients of one device batch in microbatches; returns the summed (local) loss."""
+        cfg = self.cfg
+        torch.manual_seed(cfg.seed + self.time.batch * self.dist.world_size + self.dist.rank)  # dropout RNG
+        num_samples = device_batch["input_ids"].size(0)
+        loss_sum = torch.zeros((), device=self.device)
+        starts = list(range(0, num_samples, self.microbatch_size))
+        for i, start in enumerate(starts):
+            micro = {k: v[start:start + self.microbatch_size] for k, v in device_batch.items()}
+            is_last = i == len(starts) - 1
+            with parallel.gradient_sync(self.parallel_model, is_last or self.dist.world_size == 1), \
+                    parallel.activation_offload(cfg.fsdp_config, self.device):
+                with precision.autocast(cfg.precision, self.device):
+                    logits = self.parallel_model(**self._model_inputs(micro)).logits
+                micro_loss = causal_lm_loss_sum(logits, micro["labels"])
+                # Normalise by the tokens of the whole global batch; DDP/FSDP average over ranks, so undo that.
+                scaled = micro_loss * self.dist.world_size / targets.clamp(min=1)
+                (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+            loss_sum += micro_loss.detach()
+        return loss_sum
 
     def _model_inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         inputs = {"input_ids": batch["input_ids"]}
@@ -317,14 +368,15 @@ class Trainer:
         return metrics
 
     # ----- checkpoints and logging -----
-    def save(self) -> Path:
+    def save(self) -> str:
         name = checkpoint.checkpoint_name(self.time.epoch, self.time.batch)
-        path = checkpoint.save_checkpoint(
-            self.cfg.save_folder, name, model=self.model, optimizer=self.optimizer,
+        path = self.checkpointer.save(
+            name, model=self.model, optimizer=self.optimizer,
             trainer_state={"time": vars(self.time).copy(), "scheduler": self.scheduler.state_dict()},
             loader_state=self.train_loader.state_dict(), config=self.config_plain, tokenizer=self.tokenizer,
-            overwrite=self.cfg.save_overwrite, keep=self.cfg.save_num_checkpoints_to_keep)
-        self._print(f"saved checkpoint {path}")
+            weights_only=self.cfg.save_weights_only,
+            full_weights=self.cfg.fsdp_config is not None and self.cfg.fsdp_config.state_dict_type == "full")
+        self._print(f"saved checkpoint {path}" + (" (uploading)" if self.checkpointer.remote else ""))
         for cb in self.callbacks:
             cb.on_checkpoint_saved(self, str(path))
         return path

@@ -12,6 +12,10 @@ class Callback:
 
     def on_batch_start(self, trainer: Any) -> None: ...
 
+    def should_skip_step(self, trainer: Any, loss: float) -> bool:
+        """Called after backward with the batch's global loss; True = skip this optimizer step."""
+        return False
+
     def on_batch_end(self, trainer: Any, metrics: dict[str, float]) -> None: ...
 
     def on_eval_end(self, trainer: Any, metrics: dict[str, float]) -> None: ...

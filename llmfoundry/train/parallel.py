@@ -1,0 +1,222 @@
+"""Parallelism applied from outside the model: activation checkpointing, torch.compile, FSDP2 or DDP.
+
+Order (per block, then the root): activation checkpointing -> torch.compile -> ``fully_shard``. Models expose
+their transformer blocks through ``model.blocks()``; a model without it is sharded as one unit.
+
+``fsdp_config`` maps onto FSDP2 like this:
+
+=====================  ==================================================================================
+FULL_SHARD             ``fully_shard(block, reshard_after_forward=True)`` on a 1-D mesh of all ranks
+SHARD_GRAD_OP          ``reshard_after_forward=False`` (parameters stay gathered until backward)
+HYBRID_SHARD           2-D mesh (replicate, shard): shard within data_parallel_shard_degree ranks (one node)
+_HYBRID_SHARD_ZERO2    HYBRID_SHARD with ``reshard_after_forward=False``
+NO_SHARD               2-D mesh (world, 1): every rank holds everything, gradients are all-reduced
+mixed_precision        ``MixedPrecisionPolicy(param_dtype, reduce_dtype)``
+cpu_offload            ``CPUOffloadPolicy()``
+=====================  ==================================================================================
+
+A model built on the meta device (``init_device: meta``) is sharded first and then materialised shard by shard:
+``to_empty`` allocates only this rank's shards, and the model's own ``init_parameters()`` fills them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+from typing import Any
+
+import torch
+from torch import nn
+
+from llmfoundry.config.errors import ConfigError
+from llmfoundry.train.settings import CompileConfig, FSDPConfig
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+          "fp16": torch.float16, "float16": torch.float16}
+
+
+def blocks_of(model: nn.Module) -> list[nn.Module]:
+    blocks = getattr(model, "blocks", None)
+    return list(blocks()) if callable(blocks) else []
+
+
+def is_meta(model: nn.Module) -> bool:
+    return any(p.is_meta for p in model.parameters())
+
+
+# ----------------------------------------------------------------------------------------------- per block
+def apply_activation_checkpointing(block: nn.Module, reentrant: bool) -> None:
+    """Recompute ``block``'s forward during backward. Parameter names are unchanged (no wrapper module)."""
+    from torch.utils.checkpoint import checkpoint
+
+    forward = block.forward
+
+    @functools.wraps(forward)
+    def checkpointed(*args, **kwargs):
+        if not torch.is_grad_enabled():
+            return forward(*args, **kwargs)
+        if reentrant:
+            if kwargs:
+                raise ValueError("activation_checkpointing_reentrant: the block takes keyword arguments; "
+                                 "set activation_checkpointing_reentrant: false")
+            return checkpoint(forward, *args, use_reentrant=True)
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    block.forward = checkpointed
+
+
+def apply_compile(block: nn.Module, cfg: CompileConfig) -> None:
+    kwargs: dict[str, Any] = {"backend": cfg.backend, "fullgraph": cfg.fullgraph, "dynamic": cfg.dynamic}
+    if cfg.mode:
+        kwargs["mode"] = cfg.mode
+    if cfg.options:
+        kwargs["options"] = dict(cfg.options)
+    block.compile(**kwargs)
+
+
+# ----------------------------------------------------------------------------------------------- FSDP2
+def _low_dtype(precision: str) -> torch.dtype | None:
+    return {"amp_bf16": torch.bfloat16, "bf16": torch.bfloat16, "amp_fp16": torch.float16}.get(precision)
+
+
+def mixed_precision_policy(cfg: FSDPConfig, precision: str):
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    mp = cfg.mixed_precision
+    low = _low_dtype(precision)
+    if isinstance(mp, dict):
+        unknown = set(mp) - {"param_dtype", "reduce_dtype", "buffer_dtype"}
+        if unknown:
+            raise ConfigError(f"fsdp_config.mixed_precision: unknown key '{sorted(unknown)[0]}' "
+                              "(use param_dtype, reduce_dtype, buffer_dtype)")
+        dtypes = {}
+        for key, value in mp.items():
+            if value not in DTYPES:
+                raise ConfigError(f"fsdp_config.mixed_precision.{key}: '{value}' is not a dtype "
+                                  "(use fp32, bf16 or fp16)")
+            dtypes[key] = DTYPES[value]
+        # FSDP2 keeps buffers as they are; buffer_dtype is accepted for llm-foundry recipes.
+        return MixedPrecisionPolicy(param_dtype=dtypes.get("param_dtype"), reduce_dtype=dtypes.get("reduce_dtype"))
+    if mp == "FULL" or low is None:
+        return MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
+    if mp == "PURE":
+        return MixedPrecisionPolicy(param_dtype=low, reduce_dtype=low)
+    return MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32)  # DEFAULT
+
+
+def device_mesh(cfg: FSDPConfig, device: torch.device, world_size: int):
+    """A 1-D mesh for FULL_SHARD / SHARD_GRAD_OP; a 2-D (replicate, shard) mesh for the hybrid strategies."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    strategy = cfg.sharding_strategy
+    if strategy in ("FULL_SHARD", "SHARD_GRAD_OP"):
+        return init_device_mesh(device.type, (world_size,))
+    if strategy == "NO_SHARD":
+        shard = 1
+    else:
+        shard = cfg.data_parallel_shard_degree
+        if shard == -1:
+            shard = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        if cfg.data_parallel_replicate_degree != -1:
+            replicate = cfg.data_parallel_replicate_degree
+            if shard == -1 or replicate * shard != world_size:
+                raise ConfigError(f"fsdp_config.data_parallel_replicate_degree: {replicate} x shard degree {shard} "
+                                  f"!= world size {world_size} (make their product the number of ranks)")
+    if shard < 1 or world_size % shard:
+        raise ConfigError(f"fsdp_config.data_parallel_shard_degree: {shard} does not divide the world size "
+                          f"{world_size} (use a divisor of it, or -1 for one node)")
+    return init_device_mesh(device.type, (world_size // shard, shard), mesh_dim_names=("replicate", "shard"))
+
+
+def apply_fsdp(model: nn.Module, cfg: FSDPConfig, precision: str, device: torch.device, world_size: int) -> nn.Module:
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+
+    reshard = cfg.sharding_strategy in ("FULL_SHARD", "HYBRID_SHARD")
+    if cfg.reshard_after_forward is not None:
+        reshard = cfg.reshard_after_forward
+    kwargs = dict(mesh=device_mesh(cfg, device, world_size), mp_policy=mixed_precision_policy(cfg, precision),
+                  offload_policy=CPUOffloadPolicy() if cfg.cpu_offload else OffloadPolicy())
+    blocks = blocks_of(model)
+    for i, block in enumerate(blocks):
+        # The last block's parameters are needed right away by backward: no point resharding them.
+        fully_shard(block, reshard_after_forward=reshard and i < len(blocks) - 1, **kwargs)
+    fully_shard(model, reshard_after_forward=reshard, **kwargs)
+    return model
+
+
+# ----------------------------------------------------------------------------------------------- entry point
+def parallelize(model: nn.Module, *, fsdp: FSDPConfig | None, compile_cfg: CompileConfig | None, precision: str,
+                device: torch.device, world_size: int, seed: int) -> nn.Module:
+    """Apply activation checkpointing, compile, FSDP2/DDP; materialise a meta model. Returns the module to call.
+
+    With FSDP2 the returned module *is* ``model`` (sharded in place); with DDP it wraps ``model``.
+    """
+    blocks = blocks_of(model)
+    if fsdp is not None and fsdp.activation_checkpointing:
+        if not blocks:
+            raise ConfigError("fsdp_config.activation_checkpointing: the model has no blocks() to checkpoint "
+                              "(set it to false)")
+        for block in blocks:
+            apply_activation_checkpointing(block, fsdp.activation_checkpointing_reentrant)
+    if compile_cfg is not None:
+        for block in blocks or [model]:
+            apply_compile(block, compile_cfg)
+
+    meta = is_meta(model)
+    if fsdp is not None and world_size > 1:
+        apply_fsdp(model, fsdp, precision, device, world_size)
+        wrapped = model
+    elif world_size > 1:
+        if meta:
+            materialize(model, device, seed)
+            meta = False
+        from torch.nn.parallel import DistributedDataParallel
+
+        device_ids = [device.index] if device.type == "cuda" else None
+        wrapped = DistributedDataParallel(model, device_ids=device_ids)
+    else:
+        wrapped = model
+    if meta:
+        materialize(model, "cpu" if fsdp is not None and fsdp.cpu_offload else device, seed)
+    return wrapped
+
+
+def materialize(model: nn.Module, device: torch.device | str, seed: int) -> None:
+    """Allocate a meta-device model's (possibly sharded) parameters and initialise them with the model's init."""
+    init = getattr(model, "init_parameters", None) or getattr(model, "reset_parameters", None)
+    if init is None:
+        raise ConfigError("model.init_device: 'meta' needs a model with init_parameters() (use init_device: cpu)")
+    model.to_empty(device=device)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        init()
+
+
+@contextlib.contextmanager
+def gradient_sync(model: nn.Module, enabled: bool):
+    """Skip the gradient reduction of all but the last microbatch (DDP ``no_sync``, FSDP2 gradient sync)."""
+    if enabled:
+        yield
+        return
+    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+    elif hasattr(model, "no_sync"):  # DDP
+        with model.no_sync():
+            yield
+    else:
+        yield
+
+
+def activation_offload(fsdp: FSDPConfig | None, device: torch.device):
+    """The context forward/backward run in: saved activations go to CPU with activation_cpu_offload."""
+    if fsdp is None or not fsdp.activation_cpu_offload:
+        return contextlib.nullcontext()
+    return torch.autograd.graph.save_on_cpu(pin_memory=device.type == "cuda")

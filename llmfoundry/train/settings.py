@@ -1,0 +1,90 @@
+"""Config sections of the trainer's parallelism and checkpoint upload (llm-foundry's key names).
+
+Kept free of torch imports so that validating a recipe stays cheap. The code that applies these settings lives in
+parallel.py (FSDP2/DDP/compile) and checkpoint.py / remote.py (uploads).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from llmfoundry.config.fields import option
+
+_NO_FSDP2 = "accepted for llm-foundry recipes; no FSDP2 meaning, ignored"
+
+
+@dataclass(kw_only=True)
+class FSDPConfig:
+    """``fsdp_config``: FSDP2 ``fully_shard`` on every block (``model.blocks()``), then on the root module."""
+
+    sharding_strategy: Literal["FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2", "NO_SHARD"] = option(
+        "FULL_SHARD",
+        "FULL_SHARD = shard params, grads, optimizer state, re-gather for backward; SHARD_GRAD_OP = keep params "
+        "gathered between forward and backward (reshard_after_forward=False); HYBRID_SHARD = shard inside a "
+        "group of data_parallel_shard_degree ranks (default: one node), replicate across groups (2-D mesh); "
+        "_HYBRID_SHARD_ZERO2 = HYBRID_SHARD without resharding after forward; NO_SHARD = replicate everywhere "
+        "(a 2-D mesh with shard size 1)",
+    )
+    mixed_precision: Literal["PURE", "DEFAULT", "FULL"] | dict[str, str] = option(
+        "DEFAULT",
+        "PURE = params and gradient reduction in the precision's low dtype; DEFAULT = params in the low dtype, "
+        "reduction in fp32; FULL = fp32 throughout; or a mapping {param_dtype, reduce_dtype, buffer_dtype} of "
+        "fp32/bf16/fp16 (the low dtype comes from `precision`: bf16 for amp_bf16/bf16, fp16 for amp_fp16)",
+    )
+    activation_checkpointing: bool = option(False, "recompute each block's activations in backward")
+    activation_checkpointing_reentrant: bool = option(
+        False, "use the reentrant torch.utils.checkpoint implementation (default: non-reentrant)"
+    )
+    activation_cpu_offload: bool = option(False, "keep saved activations in (pinned) CPU memory between forward and backward")
+    cpu_offload: bool = option(False, "keep sharded parameters, gradients and optimizer state on the CPU (FSDP2 CPUOffloadPolicy)")
+    state_dict_type: Literal["sharded", "full"] = option(
+        "sharded",
+        "sharded = each rank writes its shards (DCP; reshards on load); full = additionally write the gathered "
+        "weights as model_full.pt next to the shards (rank 0), loadable without torch.distributed",
+    )
+    reshard_after_forward: bool | None = option(
+        None, "FSDP2's own switch; overrides the choice implied by sharding_strategy when set"
+    )
+    data_parallel_shard_degree: int = option(
+        -1, "ranks per shard group for HYBRID_SHARD (-1 = LOCAL_WORLD_SIZE, i.e. one node)"
+    )
+    data_parallel_replicate_degree: int = option(
+        -1, "number of replica groups for HYBRID_SHARD (-1 = world size / shard degree)"
+    )
+    # --- keys with no FSDP2 meaning (FSDP1 knobs): accepted so llm-foundry recipes run unchanged ---
+    limit_all_gathers: bool = option(True, f"{_NO_FSDP2} (FSDP2 always limits in-flight all-gathers)")
+    use_orig_params: bool = option(True, f"{_NO_FSDP2} (FSDP2 always exposes the original parameters)")
+    sync_module_states: bool = option(False, f"{_NO_FSDP2} (every rank builds the same weights from the seed)")
+    forward_prefetch: bool = option(False, f"{_NO_FSDP2} (FSDP2 prefetches by default)")
+    backward_prefetch: str = option("BACKWARD_PRE", f"{_NO_FSDP2} (FSDP2 prefetches by default)")
+    backward_prefetch_limit: int = option(1, _NO_FSDP2)
+    forward_prefetch_limit: int = option(1, _NO_FSDP2)
+    load_monolith_rank0_only: bool = option(False, _NO_FSDP2)
+    verbose: bool = option(False, _NO_FSDP2)
+    auto_wrap: bool = option(True, f"{_NO_FSDP2} (blocks are always wrapped, then the root)")
+    activation_checkpointing_fn: str | None = option(None, f"{_NO_FSDP2} (every block is checkpointed)")
+
+
+@dataclass(kw_only=True)
+class CompileConfig:
+    """``compile_config``: ``torch.compile`` applied to each block (``compile_config: {}`` = the defaults)."""
+
+    backend: str = option("inductor", "torch.compile backend (inductor; eager/aot_eager to debug)")
+    mode: str | None = option(None, "torch.compile mode: default, reduce-overhead, max-autotune, ...")
+    fullgraph: bool = option(False, "fail instead of falling back on graph breaks")
+    dynamic: bool | None = option(None, "dynamic shapes (none = let torch decide)")
+    options: dict[str, Any] = option(default_factory=dict, doc="backend options passed to torch.compile")
+
+
+@dataclass(kw_only=True)
+class CheckpointUploadConfig:
+    """How checkpoints reach an ``s3://`` save_folder: written to a local staging folder, uploaded in the background."""
+
+    staging_folder: str | None = option(
+        None, "local folder where checkpoints are written before upload (default: a folder under the system temp dir)"
+    )
+    timeout_s: float = option(3600.0, "keep retrying a failed upload for this long before giving the checkpoint up")
+    initial_backoff_s: float = option(0.5, "first wait before retrying a failed request (doubles each retry)")
+    max_backoff_s: float = option(8.0, "longest wait between retries")
+    wait_at_end_s: float = option(3600.0, "at the end of training, wait this long for pending uploads")

@@ -1,0 +1,35 @@
+"""2-rank CPU runs (gloo) under torchrun: FSDP2 and DDP train the same model to the same losses."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from conftest import REPO, checkpoint_weights, losses, run_job, torchrun_args
+
+pytestmark = pytest.mark.dist
+
+
+def test_fsdp_and_ddp_on_two_ranks_follow_the_same_loss_curve(dist_recipe, tmp_path):
+    common = dict(max_duration="4ba", save_interval="4ba")
+    ddp = dist_recipe(**common, save_folder=str(tmp_path / "ddp"), loggers={"jsonl": {"path": str(tmp_path / "ddp.jsonl")}})
+    # torchrun ... scripts/train.py, the documented launch
+    run_job(ddp, tmp_path, "ddp", entry=[*torchrun_args(2), str(REPO / "scripts" / "train.py")])
+    fsdp = dist_recipe(**common, save_folder=str(tmp_path / "fsdp"),
+                       loggers={"jsonl": {"path": str(tmp_path / "fsdp.jsonl")}},
+                       fsdp_config={"sharding_strategy": "FULL_SHARD", "mixed_precision": "FULL",
+                                    "activation_checkpointing": True, "limit_all_gathers": True,
+                                    "state_dict_type": "full"})
+    # the `llmfoundry train -n 2` shortcut over torch.distributed.run
+    run_job(fsdp, tmp_path, "fsdp", entry=[sys.executable, "-m", "llmfoundry.cli", "train", "-n", "2"])
+    a, b = losses(tmp_path / "ddp.jsonl"), losses(tmp_path / "fsdp.jsonl")
+    assert sorted(a) == sorted(b) == [1, 2, 3, 4]
+    for step in a:
+        assert a[step] == pytest.approx(b[step], rel=1e-4), step
+    assert a[4] < a[1]
+    wa, wb = checkpoint_weights(tmp_path / "ddp" / "ep0-ba4"), checkpoint_weights(tmp_path / "fsdp" / "ep0-ba4")
+    assert wa.keys() == wb.keys()
+    for key in wa:  # Adam turns float-rounding differences of near-zero gradients into lr-sized steps
+        assert (wa[key] - wb[key]).abs().max() < 1e-3, key
+    assert (tmp_path / "fsdp" / "ep0-ba4" / "model_full.pt").is_file()
