@@ -198,6 +198,8 @@ class Trainer:
                    disable=not (cfg.progress_bar and self.dist.is_main and sys.stderr.isatty()))
         last_metrics: dict[str, float] = {}
         last_eval_batch = last_save_batch = -1
+        if self.time.batch > 0:  # resumed: the checkpoint we started from is this batch's
+            last_save_batch = self.time.batch
         if cfg.eval_first and self.time.batch == 0 and self.eval_loader is not None:
             last_metrics.update(self.evaluate())
             last_eval_batch = 0

@@ -52,7 +52,7 @@ def run_job(recipe_dict: dict, tmp_path: Path, name: str, nproc: int = 2, overri
     try:
         rc = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_tree(proc)
         raise
     assert rc == 0, (tmp_path / f"{name}.log").read_text()[-4000:]
 
@@ -65,9 +65,35 @@ def kill_at_step(proc: subprocess.Popen, metrics: Path, step: int, timeout: floa
         if last >= step or proc.poll() is not None:
             break
         time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill_tree(proc)
     return max(losses(metrics), default=0)
+
+
+def descendants(pid: int) -> list[int]:
+    """Process ids of ``pid``'s children, grandchildren, ... (torchrun starts its workers in new sessions)."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL a launched job: torchrun and every worker it started, all at the same moment."""
+    for pid in [proc.pid, *descendants(proc.pid)]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
 
 
 def losses(path: Path) -> dict[int, float]:
