@@ -1,0 +1,239 @@
+"""Every shipped recipe loads, validates, builds and runs on a CPU once shrunk to a tiny size.
+
+One test per YAML file under yamls/ and eval/yamls/. Training recipes get tiny overrides (model width/depth,
+data paths to generated tiny data, 2 batches) given in the same Hydra grammar a user types, then build every
+component and run the steps. Eval recipes score tiny models on their tasks (one batch per task); task lists and
+gauntlets load through the eval loaders. Nothing is downloaded: Hub model ids and datasets are replaced by the
+tiny local stand-ins of tests/recipes/conftest.py.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.recipes.conftest import MDS_SEQ, REPO, TINY_MPT, TINY_SEQ
+
+RECIPES = sorted(
+    p.relative_to(REPO).as_posix()
+    for pattern in ("yamls/**/*.yaml", "eval/yamls/**/*.yaml")
+    for p in REPO.glob(pattern)
+)
+
+
+TINY_TASK_FILES = REPO / "eval" / "local_data_tiny"
+
+
+def stand_in(task) -> str:
+    """A tiny task file of the same type (and shape) as ``task``'s, for task files the repository does not ship."""
+    kind = task.icl_task_type
+    if kind == "language_modeling":
+        name = "tiny_sequences_lm_cat.jsonl" if task.has_categories else "tiny_counting_lm.jsonl"
+    elif kind == "generation_task_with_answers":
+        name = "tiny_addition_cot.jsonl" if task.cot_delimiter else "tiny_multiplication_qa.jsonl"
+    else:
+        name = {"multiple_choice": "tiny_arithmetic_mc.jsonl", "schema": "tiny_schema.jsonl"}[kind]
+    return str(TINY_TASK_FILES / name)
+
+
+def kind_of(raw: dict) -> str:
+    if "models" in raw:
+        return "eval"
+    if "model" in raw and "train_loader" in raw:
+        return "train"
+    if "icl_tasks" in raw:
+        return "tasks"
+    if "eval_gauntlet" in raw or "categories" in raw:
+        return "gauntlet"
+    raise AssertionError(f"unrecognised recipe shape (keys: {sorted(raw)})")
+
+
+def test_every_recipe_directory_is_covered():
+    names = set(RECIPES)
+    assert {f"yamls/mpt/{size}.yaml" for size in ("125m", "350m", "760m", "1b", "3b", "7b", "13b", "30b", "70b")} <= names
+    assert any(n.startswith("yamls/finetune/") for n in names)
+    assert any(n.startswith("yamls/eval/") for n in names)
+
+
+@pytest.fixture
+def in_repo(monkeypatch):
+    """Recipes name their local files relative to the repository root, as a user running them from it would."""
+    monkeypatch.chdir(REPO)
+
+
+def _loader_overrides(key: str, section: dict, split: str, recipe: str, recipe_mds: Path) -> list[str]:
+    ds = f"{key}.dataset"
+    common = [f"{key}.num_workers=0"]
+    if section["name"] == "text":
+        return common + [f"{ds}.max_seq_len={MDS_SEQ}"] + [f"{ds}.local='{recipe_mds}'", f"{ds}.remote=null", f"{ds}.split={split}"]
+    dataset = section["dataset"]
+    common.append(f"{ds}.max_seq_len={TINY_SEQ}")
+    if dataset.get("hf_name") == "json":  # already local JSONL: keep the recipe's own files
+        return common
+    kind = "chat" if "chat" in Path(recipe).stem else "instruct"
+    data_file = REPO / "yamls/finetune/data" / f"{kind}_{'train' if split == 'train' else 'val'}.jsonl"
+    return common + [f"{ds}.hf_name=json", f"{ds}.split=train", f"{ds}.hf_kwargs={{data_files: '{data_file}'}}"]
+
+
+def train_overrides(recipe: str, raw: dict, tmp_path: Path, fixtures: dict) -> list[str]:
+    """Hydra-grammar overrides that shrink a training recipe to seconds on a CPU."""
+    out = [
+        f"max_seq_len={TINY_SEQ}", "max_duration=2ba", "eval_interval=2ba", "eval_subset_num_batches=1",
+        "global_train_batch_size=4", "device_train_microbatch_size=2", "device_eval_batch_size=4",
+        "precision=fp32", "progress_bar=false", "log_to_console=false", f"save_folder='{tmp_path / 'run'}'",
+        "save_interval=2ba", "autoresume=false", f"tokenizer.name='{fixtures['tokenizer_dir']}'",
+        f"tokenizer.kwargs={{model_max_length: {TINY_SEQ}}}",
+    ]
+    if "prepare_data" in raw:  # the quickstart builds its data from the stdlib; the tests bring their own
+        out.append("~prepare_data")
+    if "loggers" in raw:
+        out.append("~loggers")
+    model = raw["model"]
+    if model["name"] == "mpt_causal_lm":
+        out += [f"model.{k}={v}" for k, v in TINY_MPT.items()]
+    elif model["name"] == "hf_causal_lm":
+        if model.get("pretrained", True):
+            source = str(model["pretrained_model_name_or_path"]).lower()
+            folder = fixtures["llama_hf_folder"] if "llama" in source else fixtures["mpt_hf_folder"]
+            out.append(f"model.pretrained_model_name_or_path='{folder}'")
+        else:  # built from the recipe's own config.json: shrink it
+            tiny = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+                    "num_key_value_heads": 1, "head_dim": 16, "vocab_size": 512, "max_position_embeddings": TINY_SEQ}
+            out += [f"model.config_overrides.{k}={v}" for k, v in tiny.items()]
+    if raw.get("load_path"):
+        out.append(f"load_path='{fixtures['tiny_checkpoint']}'")
+    for key, split in (("train_loader", "train"), ("eval_loader", "val")):
+        if raw.get(key):
+            out += _loader_overrides(key, raw[key], split, recipe, fixtures["recipe_mds"])
+    return out
+
+
+@pytest.fixture
+def fixtures(request):
+    names = ("tokenizer_dir", "recipe_mds", "mpt_hf_folder", "llama_hf_folder", "tiny_checkpoint")
+    return {name: _Lazy(request, name) for name in names}
+
+
+class _Lazy:
+    """A session fixture requested only when a recipe needs it (so one recipe's test builds only what it uses)."""
+
+    def __init__(self, request, name):
+        self.request, self.name = request, name
+
+    def __str__(self):
+        return str(self.request.getfixturevalue(self.name))
+
+    __format__ = lambda self, spec: format(str(self), spec)  # noqa: E731
+
+
+def run_train_recipe(recipe: str, tmp_path: Path, fixtures: dict) -> dict:
+    from llmfoundry.config.load import load_config, read_yaml
+    from llmfoundry.config.schema import TrainConfig, validate
+    from llmfoundry.train import dist
+    from llmfoundry.train.trainer import Trainer
+
+    raw = load_config(recipe)  # as shipped: must validate before any override
+    validate(raw, TrainConfig)
+    overrides = train_overrides(recipe, raw, tmp_path, fixtures)
+    plain = load_config(recipe, overrides)
+    cfg = validate(plain, TrainConfig)
+    assert read_yaml(recipe) is not None
+    try:
+        metrics = Trainer(cfg, plain).fit()
+    finally:
+        dist.destroy()
+    return metrics
+
+
+def _tiny_eval_models(models: list[dict], fixtures: dict) -> list[dict]:
+    tiny = []
+    for spec in models:
+        spec = dict(spec)
+        model = dict(spec.get("model") or {})
+        if spec.get("load_path"):
+            spec["load_path"] = str(fixtures["tiny_checkpoint"])
+        elif model.get("name", "hf_causal_lm") == "hf_causal_lm":
+            source = str(model.get("pretrained_model_name_or_path", "")).lower()
+            model["pretrained_model_name_or_path"] = str(
+                fixtures["llama_hf_folder"] if "llama" in source else fixtures["mpt_hf_folder"]
+            )
+            spec["model"] = model
+            spec["tokenizer"] = {}
+        else:
+            model.update(TINY_MPT)
+            spec["model"] = model
+            spec["tokenizer"] = {"name": str(fixtures["tokenizer_dir"])}
+        tiny.append(spec)
+    return tiny
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_recipe_builds_and_runs_tiny(recipe, tmp_path, in_repo, fixtures):
+    raw = yaml.safe_load((REPO / recipe).read_text())
+    kind = kind_of(raw)
+    if kind == "train":
+        metrics = run_train_recipe(recipe, tmp_path, fixtures)
+        assert math.isfinite(metrics["loss/train/total"])
+        assert any(k.startswith("loss/eval") or k.startswith("metrics/eval") for k in metrics) or not raw.get(
+            "eval_loader"
+        )
+        assert any((tmp_path / "run").iterdir()), "the run saved no checkpoint"
+    elif kind == "eval":
+        from llmfoundry.config.load import load_config
+        from llmfoundry.eval.config import load_eval_config
+        from llmfoundry.eval.main import run_eval
+
+        plain = load_config(recipe)
+        load_eval_config(dict(plain))  # as shipped
+        plain.update(models=_tiny_eval_models(plain["models"], fixtures), max_seq_len=TINY_SEQ,
+                     device_eval_batch_size=4, icl_subset_num_batches=1, results_path=str(tmp_path / "results.json"),
+                     table_path=str(tmp_path / "table.md"), plot_path=None)  # fmt: skip
+        results = run_eval(load_eval_config(plain))
+        assert set(results) == {m["model_name"] for m in plain["models"]}
+        for result in results.values():
+            assert result["metrics"], "no task produced a metric"
+            if plain.get("eval_gauntlet"):
+                assert result["gauntlet"], "the gauntlet produced no score"
+        assert (tmp_path / "results.json").is_file()
+    elif kind == "tasks":
+        import dataclasses
+
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from llmfoundry.eval.config import load_icl_tasks
+        from llmfoundry.eval.runner import ICLEvaluator
+
+        tasks = load_icl_tasks(recipe)
+        assert tasks
+        # Task files that are not shipped (e.g. eval/local_data/, built by the user) are stood in for by a tiny
+        # file of the same task type, so every task's own settings (delimiters, shots, categories) still run.
+        runnable = [t if Path(t.dataset_uri).is_file() else dataclasses.replace(t, dataset_uri=stand_in(t))
+                    for t in tasks if "://" not in t.dataset_uri]  # fmt: skip
+        folder = str(fixtures["mpt_hf_folder"])
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        model = AutoModelForCausalLM.from_pretrained(folder).eval()
+        evaluator = ICLEvaluator(runnable, tokenizer, batch_size=4, max_seq_len=TINY_SEQ, subset_num_batches=1)
+        metrics = evaluator.evaluate(model, torch.device("cpu"))
+        for task in runnable:
+            assert any(k.startswith(task.label) or f"/{task.label}/" in k for k in metrics), f"no metric for {task.label}"
+    else:
+        from llmfoundry.eval.config import load_gauntlet
+
+        from llmfoundry.eval.config import load_icl_tasks
+
+        gauntlet = load_gauntlet(recipe)
+        assert gauntlet.categories
+        # every benchmark names a task (and one of its shot counts) of a task list shipped beside it
+        shots: dict[str, set[int]] = {}
+        for other in (REPO / recipe).parent.glob("*.yaml"):
+            if "icl_tasks" in (yaml.safe_load(other.read_text()) or {}):
+                for task in load_icl_tasks(str(other.relative_to(REPO))):
+                    shots.setdefault(task.label, set()).update(task.num_fewshot)
+        if shots:
+            for category in gauntlet.categories:
+                for bench in category.benchmarks:
+                    assert bench.num_fewshot in shots.get(bench.name, set()), f"{category.name}: {bench.name}"
