@@ -72,7 +72,9 @@ class HFCausalLM(nn.Module):
             else:
                 if position_ids is not None:
                     raise ValueError("hf_causal_lm: pass either sequence_id or position_ids, not both")
-                if attention_mask is not None and not bool(attention_mask.all()):
+                # Padding is allowed where the packing collator marks it as no document (sequence_id -1): it
+                # becomes a segment of its own, attends only to itself and carries no labels.
+                if attention_mask is not None and bool(((attention_mask == 0) != (sequence_id < 0)).any()):
                     raise ValueError("hf_causal_lm: sequence_id cannot be combined with padding in attention_mask")
                 position_ids = positions_from_sequence_id(sequence_id)
                 # transformers detects packed sequences only without a padding mask and without a cache
@@ -80,6 +82,9 @@ class HFCausalLM(nn.Module):
                 if past_key_values is not None or use_cache:
                     raise ValueError("hf_causal_lm: sequence_id cannot be combined with a KV cache")
                 use_cache = False
+        if use_cache is None and self.training:
+            # no KV cache in training: with activation checkpointing the recomputed forward would append to it
+            use_cache = False
         return self.hf_model(
             input_ids=input_ids,
             attention_mask=attention_mask,
