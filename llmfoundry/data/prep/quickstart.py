@@ -1,7 +1,7 @@
 """Build the quickstart's data offline: a tokenizer and MDS shards from this Python's own standard library.
 
 Every Python installation carries its standard library's source, so the quickstart needs no network. Files are
-taken in sorted path order (deterministic for a given Python version); a few are held out for validation.
+taken in sorted path order (deterministic for a given Python version); every n-th file is held out for validation.
 """
 
 from __future__ import annotations
@@ -34,7 +34,11 @@ def prepare(settings: PrepareDataConfig) -> None:
     files = stdlib_files(settings.max_files)
     if len(files) <= settings.val_files:
         raise ValueError(f"prepare_data: found only {len(files)} standard-library files")
-    by_split = {"val": files[: settings.val_files], "train": files[settings.val_files :]}
+    # Hold out evenly spaced files so that validation text is like training text (not one corner of the library).
+    stride = len(files) // settings.val_files
+    held_out = set(range(0, stride * settings.val_files, stride))
+    by_split = {"val": [f for i, f in enumerate(files) if i in held_out],
+                "train": [f for i, f in enumerate(files) if i not in held_out]}
     print(f"preparing quickstart data in {folder}: {len(files)} Python standard-library files", flush=True)
 
     if not (tokenizer_dir / "tokenizer.json").exists():
