@@ -42,3 +42,12 @@ def gpt2(tokenizer):
     torch.manual_seed(1)
     cfg = GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=4, n_positions=512)
     return GPT2LMHeadModel(cfg).eval()
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models run far faster on one thread than on several threads competing for a busy CPU."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -1,0 +1,100 @@
+"""ICLEvaluator end to end on tiny models and the project's tiny task files."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llmfoundry.config.errors import ConfigError
+from llmfoundry.eval.config import load_icl_tasks
+from llmfoundry.eval.runner import ICLEvaluator
+
+from .conftest import TINY_DATA
+
+
+def tiny_tasks(**overrides):
+    tasks = [
+        {"label": "mc", "dataset_uri": str(TINY_DATA / "tiny_arithmetic_mc.jsonl"), "icl_task_type": "multiple_choice",
+         "num_fewshot": [0, 2], "continuation_delimiter": "\nAnswer: "},
+        {"label": "schema", "dataset_uri": str(TINY_DATA / "tiny_schema.jsonl"), "icl_task_type": "schema",
+         "num_fewshot": [1]},
+        {"label": "lm", "dataset_uri": str(TINY_DATA / "tiny_sequences_lm_cat.jsonl"),
+         "icl_task_type": "language_modeling", "num_fewshot": 1, "has_categories": True},
+        {"label": "qa", "dataset_uri": str(TINY_DATA / "tiny_multiplication_qa.jsonl"),
+         "icl_task_type": "generation_task_with_answers", "num_fewshot": [1], "continuation_delimiter": "\nA: ",
+         "early_stopping_criteria": ["\n"], "generation_kwargs": {"max_new_tokens": 4}},
+    ]
+    for t in tasks:
+        t.update(overrides)
+    return tasks
+
+
+def test_metrics_are_named_per_task_shot_and_metric(tokenizer, llama):
+    ev = ICLEvaluator(tiny_tasks(), tokenizer, batch_size=8, max_seq_len=128)
+    metrics = ev.evaluate(llama, "cpu")
+    for key in ["icl/mc/0-shot/accuracy", "icl/mc/2-shot/acc", "icl/mc/2-shot/acc_norm", "icl/schema/1-shot/acc",
+                "icl/lm/1-shot/accuracy", "icl/lm/1-shot/numbers/accuracy", "icl/lm/1-shot/letters/accuracy",
+                "icl/qa/1-shot/accuracy"]:
+        assert key in metrics and 0.0 <= metrics[key] <= 1.0, key
+    cats = (metrics["icl/lm/1-shot/numbers/accuracy"] + metrics["icl/lm/1-shot/letters/accuracy"]) / 2
+    assert metrics["icl/lm/1-shot/accuracy"] == pytest.approx(cats)
+    assert ev.sample_counts()["mc/2-shot"] == 24
+    assert not llama.training
+
+
+def test_kv_cache_path_gives_the_same_metrics_as_the_plain_path(tokenizer, llama):
+    tasks = [t for t in tiny_tasks() if t["label"] in ("mc", "schema")]
+    on = ICLEvaluator([{**t, "kv_cache": "on"} for t in tasks], tokenizer, batch_size=5).evaluate(llama, "cpu")
+    off = ICLEvaluator([{**t, "kv_cache": "off"} for t in tasks], tokenizer, batch_size=5).evaluate(llama, "cpu")
+    assert on == off
+
+
+def test_a_model_that_knows_the_answers_scores_one(tokenizer):
+    """A model whose logits always favour the next token of the gold continuation gets accuracy 1."""
+
+    class Oracle(torch.nn.Module):
+        def __init__(self, targets):
+            super().__init__()
+            self.targets = targets  # prefix tuple -> next token
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, input_ids, attention_mask=None):
+            logits = torch.zeros(*input_ids.shape, len(tokenizer))
+            for b, row in enumerate(input_ids.tolist()):
+                for t in range(len(row)):
+                    nxt = self.targets.get(tuple(row[: t + 1]))
+                    if nxt is not None:
+                        logits[b, t, nxt] = 10.0
+            return type("Out", (), {"logits": logits})()
+
+    task = tiny_tasks()[2]
+    ev = ICLEvaluator([task], tokenizer, max_seq_len=128)
+    targets = {}
+    for ex in ev.runs[0].examples:
+        s = ex.sequences[0]
+        for t in range(s.cont_start, len(s.tokens)):
+            targets[tuple(s.tokens[:t])] = s.tokens[t]
+    assert ev.evaluate(Oracle(targets), "cpu")["icl/lm/1-shot/accuracy"] == 1.0
+
+
+def test_subset_and_limit_bound_the_work(tokenizer, gpt2):
+    ev = ICLEvaluator(tiny_tasks(limit=4)[:1], tokenizer, batch_size=2)
+    assert len(ev.runs[0].examples) == 4
+    ev.evaluate(gpt2, "cpu")
+    assert len(ev.runs[0].results) == 4
+    ev = ICLEvaluator(tiny_tasks()[:1], tokenizer, batch_size=4, subset_num_batches=1)
+    ev.evaluate(gpt2, "cpu")
+    assert len(ev.runs[0].results) == 1  # 4 sequences = one question of 4 choices
+
+
+def test_task_configs_are_validated(tmp_path):
+    with pytest.raises(ConfigError, match="icl_task_type"):
+        load_icl_tasks([{"label": "x", "dataset_uri": "y", "icl_task_type": "multiple_choise"}])
+    with pytest.raises(ConfigError, match="not supported yet"):
+        load_icl_tasks([{"label": "x", "dataset_uri": "y", "icl_task_type": "code_evaluation"}])
+    with pytest.raises(ConfigError, match="unique"):
+        load_icl_tasks([{"label": "x", "dataset_uri": "y", "icl_task_type": "schema"}] * 2)
+    path = tmp_path / "tasks.yaml"
+    path.write_text("icl_tasks:\n- label: a\n  dataset_uri: b\n  icl_task_type: schema\n  num_fewshot: 3\n")
+    (task,) = load_icl_tasks(str(path))
+    assert task.num_fewshot == [3] and task.continuation_delimiter == " " and task.fewshot_random_seed == 1234
