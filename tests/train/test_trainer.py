@@ -93,3 +93,26 @@ def test_jsonl_logger_records_train_and_eval_metrics(recipe, tmp_path):
     assert [r["step"] for r in steps] == [1, 2, 3, 4]
     assert all("loss/train/total" in r and "lr-AdamW/group0" in r for r in steps)
     assert "metrics/eval/LanguageCrossEntropy" in steps[1] and "metrics/eval/LanguageCrossEntropy" not in steps[0]
+
+
+def test_icl_tasks_and_gauntlet_run_at_each_evaluation(recipe, tmp_path, capsys):
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    path = tmp_path / "metrics.jsonl"
+    tasks = [{"label": "python_choice", "dataset_uri": str(repo / "eval/quickstart/python_choice.jsonl"),
+              "icl_task_type": "multiple_choice", "continuation_delimiter": ""}]
+    gauntlet = {"categories": [{"name": "code", "benchmarks": [
+        {"name": "python_choice", "num_fewshot": 0, "random_baseline": 1 / 3}]}]}
+    trainer = make_trainer(recipe(max_duration="4ba", eval_interval="2ba", eval_loader=None, icl_tasks=tasks,
+                                  eval_gauntlet=gauntlet, log_to_console=True,
+                                  loggers={"jsonl": {"path": str(path)}}))
+    trainer.fit()
+    rows = [json.loads(line) for line in path.read_text().splitlines() if '"step"' in line]
+    logged = {r["step"]: r for r in rows}
+    accuracy = logged[2]["icl/python_choice/0-shot/accuracy"]
+    assert 0.0 <= accuracy <= 1.0 and "icl/python_choice/0-shot/accuracy" not in logged[1]
+    expected = (logged[4]["icl/python_choice/0-shot/accuracy"] - 1 / 3) / (2 / 3)
+    assert abs(logged[4]["icl/gauntlet/code"] - expected) < 1e-9
+    out = capsys.readouterr().out
+    assert "| code |" in out  # the gauntlet table ends the run
