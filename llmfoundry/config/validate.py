@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from llmfoundry.config.errors import ConfigError, did_you_mean
+from llmfoundry.config.errors import ConfigError, closest, did_you_mean
 from llmfoundry.config.fields import unsupported_reason
 
 
@@ -213,7 +213,9 @@ def _convert_dataclass(value: Any, cls: type, path: str, problems: list[str]) ->
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     for key in value:
         if key not in fields:
-            problems.append(f"{_join(path, str(key))}: unknown key{did_you_mean(str(key), fields)}")
+            match = closest(str(key), fields)
+            hint = f" (did you mean '{_join(path, match)}'?)" if match else ""
+            problems.append(f"{_join(path, str(key))}: unknown key{hint}")
     kwargs = {}
     for name, f in fields.items():
         key_path = _join(path, name)

@@ -67,7 +67,7 @@ def test_unknown_key_names_it_and_suggests_the_closest():
 
 def test_unknown_nested_key_has_its_full_path():
     (problem,) = problems_of({"n_layers": 2, "widget": {"name": "square", "inner": {"albi": True}}})
-    assert problem == "widget.inner.albi: unknown key (did you mean 'alibi'?)"
+    assert problem == "widget.inner.albi: unknown key (did you mean 'widget.inner.alibi'?)"
 
 
 def test_wrong_type_names_key_and_expected_type():

@@ -19,7 +19,7 @@ def run(*args: str, cwd=REPO) -> subprocess.CompletedProcess:
 def test_misspelled_override_exits_2_naming_the_key_and_the_fix(entry):
     result = run(*entry, "yamls/quickstart.yaml", "model.n_layer=2")
     assert result.returncode == 2
-    assert "model.n_layer: unknown key (did you mean 'n_layers'?)" in result.stderr
+    assert "model.n_layer: unknown key (did you mean 'model.n_layers'?)" in result.stderr
     assert "Traceback" not in result.stderr
 
 
@@ -28,7 +28,7 @@ def test_every_problem_is_reported_at_once():
                  "precision=fp8", "+optimizer.lrr=1")
     assert result.returncode == 2
     for expected in ("model.n_layer: unknown key", "max_duration: 'ten' is not a time", "precision: 'fp8' is not one of",
-                     "optimizer.lrr: unknown key (did you mean 'lr'?)"):
+                     "optimizer.lrr: unknown key (did you mean 'optimizer.lr'?)"):
         assert expected in result.stderr
     assert "Traceback" not in result.stderr
 
