@@ -262,16 +262,24 @@ class Checkpointer:
 
         if not self.remote:
             return str(save_checkpoint(self.save_folder, name, overwrite=self.overwrite, keep=self.keep, **kwargs))
-        problem = None
-        if dist.rank() == 0 and not self.overwrite:
-            if remote.RemoteFolder(self.save_folder).exists(name, remote.COMPLETE):
-                problem = (f"save_folder: checkpoint '{self.save_folder}/{name}' already exists (set "
-                           "save_overwrite: true or choose another save_folder)")
-        if (problem := dist.broadcast_object(problem)) is not None:
-            raise ConfigError(problem)
         staged = save_checkpoint(self.staging, name, overwrite=True, publish=False, **kwargs)
         self.uploader.submit(remote.UploadJob(name, staged, dist.world_size(), self.keep))
         return f"{self.save_folder.rstrip('/')}/{name}"
+
+    def check_can_write(self, resuming: bool) -> None:
+        """Fail up front (not in the middle of training) when an s3:// save_folder would be overwritten."""
+        from llmfoundry.train import remote
+
+        if not self.remote or self.overwrite or resuming:
+            return
+        problem = None
+        if dist.rank() == 0:
+            existing = remote.RemoteFolder(self.save_folder).complete_checkpoints()
+            if existing:
+                problem = (f"save_folder: '{self.save_folder}' already holds checkpoints ({existing[-1]}); set "
+                           "autoresume: true to continue, save_overwrite: true, or choose another save_folder")
+        if (problem := dist.broadcast_object(problem)) is not None:
+            raise ConfigError(problem)
 
     def metrics(self) -> dict[str, float]:
         from llmfoundry.train import remote

@@ -32,6 +32,7 @@ from llmfoundry.train.builders import (
     build_schedule,
     build_tokenizer,
 )
+from llmfoundry.train.icl import TrainingICL
 from llmfoundry.train.timeunits import Rates, Time
 
 log = logging.getLogger(__name__)
@@ -122,10 +123,14 @@ class Trainer:
         self.train_loader = build_dataloader(cfg.train_loader, self.tokenizer, self.device_batch_size, "train_loader")
         self.eval_loader = (build_dataloader(cfg.eval_loader, self.tokenizer, cfg.device_eval_batch_size, "eval_loader")
                             if cfg.eval_loader is not None else None)
+        self.icl = TrainingICL.from_config(cfg, self.tokenizer)
+        self.can_evaluate = self.eval_loader is not None or self.icl is not None
+        self.last_icl_metrics: dict[str, float] = {}
         self.rates = self._rates()
         self.schedule = build_schedule(cfg, self.rates)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.schedule)
         self._resume()
+        self.checkpointer.check_can_write(resuming=self.time.batch > 0)
 
     # ----- set-up -----
     def _prepare_data(self) -> None:
@@ -200,7 +205,7 @@ class Trainer:
         last_eval_batch = last_save_batch = -1
         if self.time.batch > 0:  # resumed: the checkpoint we started from is this batch's
             last_save_batch = self.time.batch
-        if cfg.eval_first and self.time.batch == 0 and self.eval_loader is not None:
+        if cfg.eval_first and self.time.batch == 0 and self.can_evaluate:
             last_metrics.update(self.evaluate())
             last_eval_batch = 0
         while self.time.batch < self.max_batches:
@@ -211,7 +216,7 @@ class Trainer:
                 bar.update(1)
                 bar.set_postfix(loss=f"{metrics['loss/train/total']:.4f}")
                 step = self.time.batch
-                if self.eval_loader is not None and step % self.eval_every == 0:
+                if self.can_evaluate and step % self.eval_every == 0:
                     metrics.update(self.evaluate(log=False))
                     last_eval_batch = step
                 self._log(metrics, console=step % self.log_every == 0 or step == self.max_batches)
@@ -227,7 +232,7 @@ class Trainer:
             if not progressed:
                 raise ConfigError("train_loader: yielded no batches (is the dataset smaller than one batch?)")
         bar.close()
-        if self.eval_loader is not None and last_eval_batch != self.time.batch:
+        if self.can_evaluate and last_eval_batch != self.time.batch:
             last_metrics.update(self.evaluate())
         if cfg.save_folder and last_save_batch != self.time.batch:
             self.save()
@@ -345,8 +350,23 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self, log: bool = True) -> dict[str, float]:
+        """Loss and perplexity over the eval loader, then the ICL tasks and gauntlet, when configured."""
+        metrics: dict[str, float] = {}
+        if self.eval_loader is not None:
+            metrics.update(self._eval_loss())
+        if self.icl is not None:
+            self.last_icl_metrics = self.icl.evaluate(self.model, self.device)
+            metrics.update(self.last_icl_metrics)
+            shown = ", ".join(f"{k.removeprefix('icl/')}: {v:.3f}" for k, v in self.last_icl_metrics.items())
+            self._print(f"[icl] batch {self.time.batch}: {shown}")
+        for cb in self.callbacks:
+            cb.on_eval_end(self, metrics)
+        if log:
+            self._log(metrics, console=False)
+        return metrics
+
+    def _eval_loss(self) -> dict[str, float]:
         """Loss and perplexity over the eval loader (all of it, or eval_subset_num_batches)."""
-        assert self.eval_loader is not None
         self.parallel_model.eval()
         loss_sum = torch.zeros((), device=self.device, dtype=torch.float64)
         tokens = torch.zeros((), device=self.device, dtype=torch.float64)
@@ -363,10 +383,6 @@ class Trainer:
                    "metrics/eval/LanguagePerplexity": math.exp(min(loss, 700.0))}
         self.history.losses.append((self.time.batch, loss))
         self._print(f"[eval] batch {self.time.batch}: loss {loss:.4f}, perplexity {metrics['metrics/eval/LanguagePerplexity']:.2f}")
-        for cb in self.callbacks:
-            cb.on_eval_end(self, metrics)
-        if log:
-            self._log(metrics, console=False)
         return metrics
 
     # ----- checkpoints and logging -----
@@ -401,3 +417,5 @@ class Trainer:
             (b0, first), (b1, last) = self.history.losses[0], self.history.losses[-1]
             self._print(f"eval loss: {first:.4f} (batch {b0}) -> {last:.4f} (batch {b1}), "
                         f"ratio {last / first:.3f}")
+        if self.icl is not None and self.last_icl_metrics:
+            self._print(self.icl.tables(self.last_icl_metrics, self.run_name))

@@ -33,3 +33,19 @@ def test_fsdp_and_ddp_on_two_ranks_follow_the_same_loss_curve(dist_recipe, tmp_p
     for key in wa:  # Adam turns float-rounding differences of near-zero gradients into lr-sized steps
         assert (wa[key] - wb[key]).abs().max() < 1e-3, key
     assert (tmp_path / "fsdp" / "ep0-ba4" / "model_full.pt").is_file()
+
+
+@pytest.mark.s3
+def test_two_ranks_upload_their_shards_to_s3_before_the_checkpoint_is_complete(dist_recipe, s3_server, tmp_path):
+    from llmfoundry.train import remote
+
+    url = "s3://llmfoundry-test/dist"
+    run_job(dist_recipe(max_duration="4ba", save_interval="2ba", save_folder=url,
+                        fsdp_config={"sharding_strategy": "SHARD_GRAD_OP"},
+                        checkpoint_upload={"staging_folder": str(tmp_path / "staging")}), tmp_path, "s3")
+    folder = remote.RemoteFolder(url)
+    assert folder.complete_checkpoints() == ["ep0-ba2", "ep0-ba4"]
+    assert folder.read_text("latest").strip() == "ep0-ba4"
+    names = {k.rsplit("/", 1)[1] for k in folder.list_keys("ep0-ba4")}
+    assert {"__0_0.distcp", "__1_0.distcp", "rank0.pt", "rank1.pt", ".metadata", ".complete"} <= names
+    assert set(k.rsplit("/", 1)[1] for k in folder.list_keys("ep0-ba4", ".uploaded")) == {"rank0", "rank1"}

@@ -1,0 +1,133 @@
+"""Checkpoints in S3 (a moto server on 127.0.0.1): background upload, completion marker, retention, resume, outage."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import boto3
+import pytest
+import torch
+
+from llmfoundry.config.schema import TrainConfig, validate
+from llmfoundry.train import remote
+from llmfoundry.train.callbacks.base import Callback
+from llmfoundry.train.trainer import Trainer
+
+pytestmark = pytest.mark.s3
+BUCKET = "llmfoundry-test"
+
+
+def make_trainer(recipe: dict) -> Trainer:
+    return Trainer(validate(recipe, TrainConfig), recipe)
+
+
+def weights(trainer: Trainer) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+
+
+def keys(prefix: str) -> list[str]:
+    s3 = boto3.client("s3", endpoint_url=os.environ["S3_ENDPOINT_URL"])
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
+    return sorted(item["Key"] for page in pages for item in page.get("Contents", []))
+
+
+def test_s3_save_folder_keeps_the_newest_and_autoresumes_exactly(recipe, s3_server, tmp_path):
+    url = f"s3://{BUCKET}/runs/a"
+    upload = {"staging_folder": str(tmp_path / "staging")}
+    # A constant learning rate, so that 6 batches + 2 resumed ones equal 8 straight ones.
+    recipe_ = recipe
+
+    def recipe(**kw):
+        return recipe_(scheduler=None, **kw)
+
+    make_trainer(recipe(eval_loader=None, max_duration="6ba", save_folder=url, save_interval="2ba",
+                        save_num_checkpoints_to_keep=2, checkpoint_upload=upload)).fit()
+    folder = remote.RemoteFolder(url)
+    assert folder.complete_checkpoints() == ["ep0-ba4", "ep0-ba6"]
+    assert folder.read_text("latest").strip() == "ep0-ba6"
+    assert not keys("runs/a/ep0-ba2/")  # retention deleted it
+    assert {"runs/a/ep0-ba6/.metadata", "runs/a/ep0-ba6/rank0.pt", "runs/a/ep0-ba6/config.yaml",
+            "runs/a/ep0-ba6/.complete"} <= set(keys("runs/a/ep0-ba6/"))
+    assert not (tmp_path / "staging" / "ep0-ba6").exists()  # staged files go once uploaded
+
+    resumed = make_trainer(recipe(eval_loader=None, max_duration="8ba", save_folder=url, save_interval="2ba",
+                                  autoresume=True, checkpoint_upload={"staging_folder": str(tmp_path / "other")}))
+    assert resumed.time.batch == 6
+    resumed.fit()
+    straight = make_trainer(recipe(eval_loader=None, max_duration="8ba"))
+    straight.fit()
+    expected, got = weights(straight), weights(resumed)
+    for key in expected:
+        assert torch.equal(expected[key], got[key]), key
+    # load_path from S3: a save_folder (its latest) or one checkpoint
+    for load_path in (url, f"{url}/ep0-ba6"):
+        loaded = make_trainer(recipe(eval_loader=None, max_duration="8ba", load_path=load_path))
+        assert loaded.time.batch == (8 if load_path == url else 6)
+
+
+class Outage(Callback):
+    """Stops the S3 server right after the first checkpoint is handed to the uploader; restarts it later."""
+
+    def __init__(self, server, seconds: float):
+        self.server, self.seconds = server, seconds
+        self.stopped_at = self.restarted_at = None
+        self.batch_times: dict[int, float] = {}
+
+    def on_checkpoint_saved(self, trainer, path):
+        if self.stopped_at is None:
+            self.stopped_at = time.monotonic()
+            threading.Thread(target=self.server.stop).start()  # stopping takes a moment; training goes on
+            threading.Timer(self.seconds, self._restart).start()
+
+    def _restart(self):
+        self.server.start()
+        self.restarted_at = time.monotonic()
+
+    def on_batch_end(self, trainer, metrics):
+        self.batch_times[trainer.time.batch] = time.monotonic()
+
+
+@pytest.mark.parametrize("outage_s", [float(os.environ.get("LLMFOUNDRY_TEST_S3_OUTAGE_S", "3")),
+                                      pytest.param(30.0, marks=pytest.mark.slow)])
+def test_upload_survives_an_s3_outage_without_a_premature_latest(recipe, s3_server, moto_s3, tmp_path, outage_s):
+    url = f"s3://{BUCKET}/runs/outage"
+    trainer = make_trainer(recipe(eval_loader=None, max_duration="10ba", save_folder=url, save_interval="2ba",
+                                  checkpoint_upload={"staging_folder": str(tmp_path / "staging"),
+                                                     "max_backoff_s": 1.0, "timeout_s": 600}))
+    outage = Outage(moto_s3, outage_s)
+    trainer.callbacks.append(outage)
+    trainer.fit()
+    ended = time.monotonic()
+    assert outage.restarted_at is not None, "fit() returned before the server came back"
+
+    # Training kept running (and saving: batch 4 is a save) while the server was down.
+    during = [b for b, t in outage.batch_times.items() if outage.stopped_at <= t < outage.restarted_at]
+    assert during[:2] == [3, 4], (outage.stopped_at, outage.restarted_at, outage.batch_times)
+    if outage_s >= 30:
+        assert during == list(range(3, 11))
+    # ... and fit() waited for the uploads, which completed once the server was back.
+    assert ended >= outage.restarted_at
+    assert trainer.checkpointer.uploader.retries > 0
+    folder = remote.RemoteFolder(url)
+    names = [f"ep0-ba{b}" for b in (2, 4, 6, 8, 10)]
+    assert folder.complete_checkpoints() == names  # none lost
+    assert folder.read_text("latest").strip() == "ep0-ba10"
+    for name in names:  # each complete checkpoint has every file
+        got = {k.rsplit("/", 1)[1] for k in keys(f"runs/outage/{name}/") if "/tokenizer/" not in k}
+        assert {".metadata", "__0_0.distcp", "rank0.pt", "config.yaml", ".complete"} <= got, name
+
+
+def test_an_incomplete_s3_checkpoint_is_never_latest(recipe, s3_server, tmp_path):
+    url = f"s3://{BUCKET}/runs/partial"
+    make_trainer(recipe(eval_loader=None, max_duration="2ba", save_folder=url, save_interval="2ba",
+                        checkpoint_upload={"staging_folder": str(tmp_path / "s")})).fit()
+    # A later checkpoint whose upload was cut short: files but no .complete marker.
+    s3 = boto3.client("s3", endpoint_url=s3_server)
+    s3.put_object(Bucket=BUCKET, Key="runs/partial/ep0-ba4/.metadata", Body=b"x")
+    s3.put_object(Bucket=BUCKET, Key="runs/partial/latest", Body=b"ep0-ba4\n")  # even a wrong pointer is checked
+    assert remote.RemoteFolder(url).latest() == "ep0-ba2"
+    trainer = make_trainer(recipe(eval_loader=None, max_duration="3ba", save_folder=url, autoresume=True,
+                                  save_interval="3ba", checkpoint_upload={"staging_folder": str(tmp_path / "t")}))
+    assert trainer.time.batch == 2
