@@ -1,0 +1,57 @@
+"""The lm-eval adapter (skipped when lm-evaluation-harness is not installed)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("lm_eval")
+
+from llmfoundry.eval.lm_eval_adapter import LLMFoundryLM  # noqa: E402
+
+
+class Req:
+    def __init__(self, *args):
+        self.args = args
+
+
+def _direct(model, tokens, start):
+    with torch.no_grad():
+        logp = F.log_softmax(model(input_ids=torch.tensor([tokens])).logits[0].float(), -1)
+    return sum(logp[t - 1, tokens[t]].item() for t in range(start, len(tokens)))
+
+
+def test_loglikelihood_matches_a_direct_computation_with_lm_eval_tokenization(llama, tokenizer):
+    lm = LLMFoundryLM(llama, tokenizer, batch_size=3)
+    reqs = [Req("The cat runs ", "quickly"), Req("The cat runs", " slowly over"), Req("The cat runs", " under"),
+            Req("", "A dog")]
+    out = lm.loglikelihood(reqs)
+    enc = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    ctx = enc("The cat runs")
+    expected = [
+        _direct(llama, enc("The cat runs quickly"), len(ctx)),
+        _direct(llama, enc("The cat runs slowly over"), len(ctx)),
+        _direct(llama, enc("The cat runs under"), len(ctx)),
+        _direct(llama, [lm.prefix_token_id] + enc("A dog"), 1),
+    ]
+    for (lp, greedy), want in zip(out, expected):
+        assert math.isclose(lp, want, rel_tol=1e-4, abs_tol=1e-4) and isinstance(greedy, bool)
+
+
+def test_rolling_loglikelihood_predicts_every_token_once(llama, tokenizer):
+    lm = LLMFoundryLM(llama, tokenizer, max_length=8)
+    text = "the model learns to predict next token from data which flows through layers"
+    (total,) = lm.loglikelihood_rolling([Req(text)])
+    tokens = [lm.prefix_token_id] + tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert len(tokens) > 9 and total < 0
+    full = LLMFoundryLM(llama, tokenizer, max_length=512).loglikelihood_rolling([Req(text)])[0]
+    assert math.isclose(full, _direct(llama, tokens, 1), rel_tol=1e-4)
+
+
+def test_generate_until_stops_at_the_stop_string(llama, tokenizer):
+    lm = LLMFoundryLM(llama, tokenizer)
+    (text,) = lm.generate_until([Req("The cat", {"until": ["\n"], "max_gen_toks": 5})])
+    assert isinstance(text, str) and "\n" not in text
