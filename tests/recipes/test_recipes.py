@@ -237,3 +237,12 @@ def test_recipe_builds_and_runs_tiny(recipe, tmp_path, in_repo, fixtures):
             for category in gauntlet.categories:
                 for bench in category.benchmarks:
                     assert bench.num_fewshot in shots.get(bench.name, set()), f"{category.name}: {bench.name}"
+
+
+def test_chat_local_continues_from_the_quickstart_architecture():
+    """chat-local loads the quickstart checkpoint's weights, so its model must have the same shape."""
+    quick = yaml.safe_load((REPO / "yamls/quickstart.yaml").read_text())["model"]
+    chat = yaml.safe_load((REPO / "yamls/finetune/chat-local.yaml").read_text())["model"]
+    for key in ("name", "d_model", "n_heads", "n_layers", "expansion_ratio", "vocab_size", "learned_pos_emb"):
+        assert chat.get(key) == quick.get(key), key
+    assert chat["attn_config"]["alibi"] == quick["attn_config"]["alibi"]
