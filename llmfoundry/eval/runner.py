@@ -28,7 +28,13 @@ import torch.distributed as dist
 from llmfoundry.eval.config import ICLTaskConfig, load_icl_tasks
 from llmfoundry.eval.icl.data import read_records
 from llmfoundry.eval.icl.metrics import CHOICE_RULES, generation_correct
-from llmfoundry.eval.icl.scoring import generate_greedy, kv_cache_saving, run_scoring, supports_kv_cache
+from llmfoundry.eval.icl.scoring import (
+    generate_greedy,
+    kv_cache_saving,
+    run_scoring,
+    supports_kv_cache,
+    supports_packed,
+)
 from llmfoundry.eval.icl.tasks import Example, GenerationTask, ICLTask, build_task
 
 log = logging.getLogger(__name__)
@@ -132,12 +138,16 @@ class ICLEvaluator:
         return {run.cfg.label: run.cfg.icl_task_type for run in self.runs}
 
     # --- evaluation -------------------------------------------------------------------------------------------
-    def _use_kv(self, run: TaskRun, model) -> bool:
-        if run.cfg.icl_task_type not in SCORED_TYPES or run.cfg.kv_cache == "off":
-            return False
-        if run.kv_saving <= 0 or not supports_kv_cache(model):
-            return False
-        return run.cfg.kv_cache == "on" or run.kv_saving >= KV_CACHE_MIN_SAVING
+    def _share_mode(self, run: TaskRun, model) -> str:
+        """How a question's shared prefix is reused: 'packed' (one row per question with a 4D mask), 'kv' (the
+        prefix's key/value cache copied to each choice) or 'full' (each choice run whole)."""
+        if run.cfg.icl_task_type not in SCORED_TYPES or run.cfg.kv_cache == "off" or run.kv_saving <= 0:
+            return "full"
+        if run.cfg.kv_cache == "auto" and run.kv_saving < KV_CACHE_MIN_SAVING:
+            return "full"
+        if supports_packed(model):
+            return "packed"
+        return "kv" if supports_kv_cache(model) else "full"
 
     @torch.no_grad()
     def evaluate(self, model: torch.nn.Module, device: torch.device | str | None = None) -> dict[str, float]:
@@ -183,14 +193,15 @@ class ICLEvaluator:
         return metrics
 
     def _run_scored(self, run, local, model, device, sync_calls, dummy_forward) -> list[dict]:
-        use_kv = self._use_kv(run, model)
+        mode = self._share_mode(run, model)
         scores = run_scoring(
             model,
             [ex.sequences for ex in local],
             device=device,
             batch_size=run.batch_size,
             max_batch_tokens=self.max_batch_tokens,
-            use_kv_cache=use_kv,
+            use_kv_cache=mode == "kv",
+            packed=mode == "packed",
             max_batches=self.subset_num_batches or run.cfg.icl_subset_num_batches,
             sync_calls=sync_calls,
             dummy_forward=dummy_forward,

@@ -129,3 +129,22 @@ def test_batches_keep_groups_whole_and_respect_the_limits():
 def test_kv_saving_is_zero_when_a_group_shares_no_prefix():
     assert kv_cache_saving([[Sequence([1, 2, 3], 2), Sequence([4, 2, 3], 2)]]) == 0.0
     assert kv_cache_saving([[Sequence([1, 2, 3], 2), Sequence([1, 2, 4], 2)]]) == pytest.approx(2 / 6)
+
+
+@pytest.mark.parametrize("model_name", ["llama", "gpt2"])
+def test_packed_rows_with_a_4d_mask_equal_running_each_sequence_alone(model_name, request):
+    from llmfoundry.eval.icl.scoring import score_packed, supports_packed
+
+    model = request.getfixturevalue(model_name)
+    assert supports_packed(model)
+    groups = [
+        [Sequence([5, 6, 7, 8, 9, 20], 5), Sequence([5, 6, 7, 8, 9, 21, 22, 23], 5)],
+        [Sequence([30, 31, 40, 41], 2), Sequence([30, 32, 40], 2), Sequence([30, 31, 42, 43, 44], 2)],
+        [Sequence([50, 51], 1)],
+    ]
+    with torch.no_grad():
+        scored = score_packed(model, groups, "cpu", trim_logits=model_name == "llama")
+    for group, scores in zip(groups, scored):
+        for seq, score in zip(group, scores):
+            assert math.isclose(score.logprob, _reference(model, seq), rel_tol=1e-4, abs_tol=1e-4)
+            assert score.num_tokens == len(seq.tokens) - seq.cont_start

@@ -36,6 +36,13 @@ def supports_kv_cache(model: torch.nn.Module) -> bool:
     return {"past_key_values", "position_ids"} <= _forward_params(model)
 
 
+def supports_packed(model: torch.nn.Module) -> bool:
+    """Whether the model takes a custom 4D boolean attention mask (transformers models on sdpa/eager attention)."""
+    config = getattr(model, "config", None)
+    impl = getattr(config, "_attn_implementation", None)
+    return impl in ("sdpa", "eager") and {"position_ids", "attention_mask"} <= _forward_params(model)
+
+
 def shared_prefix_len(group: list[Sequence]) -> int:
     """Tokens that every sequence of the group shares at its start, never reaching into a continuation."""
     limit = min(s.cont_start for s in group)
@@ -177,6 +184,65 @@ def score_shared_prefix(
     return results
 
 
+def score_packed(model, groups: list[list[Sequence]], device, pad_id: int = 0, trim_logits: bool = False
+                 ) -> list[list[SequenceScore]]:
+    """One row per group: the shared prefix once, then every sequence's remaining tokens one after another, with a
+    4D mask that lets each sequence's tokens see the prefix and themselves only, and positions that restart after
+    the prefix for every sequence. One forward pass, no cache, and no token of the prefix is computed twice."""
+    layouts = []  # per group: (prefix length, [(row offset of the sequence's suffix, suffix length)])
+    rows: list[list[int]] = []
+    segments: list[list[int]] = []
+    positions: list[list[int]] = []
+    for group in groups:
+        p = shared_prefix_len(group)
+        row, seg, pos, spans = list(group[0].tokens[:p]), [0] * p, list(range(p)), []
+        for i, s in enumerate(group):
+            suffix = s.tokens[p:]
+            spans.append((len(row), len(suffix)))
+            row += suffix
+            seg += [i + 1] * len(suffix)
+            pos += range(p, p + len(suffix))
+        layouts.append((p, spans))
+        rows.append(row)
+        segments.append(seg)
+        positions.append(pos)
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    seg_t = torch.full((len(rows), width), -1, dtype=torch.long)
+    pos_t = torch.zeros((len(rows), width), dtype=torch.long)
+    for b, (r, sg, ps) in enumerate(zip(rows, segments, positions)):
+        ids[b, : len(r)] = torch.tensor(r)
+        seg_t[b, : len(r)] = torch.tensor(sg)
+        pos_t[b, : len(r)] = torch.tensor(ps)
+    idx = torch.arange(width)
+    causal = idx[None, :, None] >= idx[None, None, :]  # (1, q, k)
+    same = seg_t[:, :, None] == seg_t[:, None, :]  # (B, q, k)
+    key_in_prefix = (seg_t == 0)[:, None, :]
+    real_q = (seg_t >= 0)[:, :, None]
+    mask = causal & real_q & (same | key_in_prefix)
+    mask |= torch.eye(width, dtype=torch.bool)[None]  # padding rows attend to themselves (no empty softmax)
+    kwargs = {}
+    offset = 0
+    if trim_logits:
+        keep = width - max(min(p for p, _ in layouts) - 1, 0)
+        kwargs["logits_to_keep"] = keep
+        offset = width - keep
+    out = model(input_ids=ids.to(device), attention_mask=mask[:, None].to(device), position_ids=pos_t.to(device),
+                **kwargs)
+    logits = _logits(out)
+    results: list[list[SequenceScore]] = []
+    for b, (group, (p, spans)) in enumerate(zip(groups, layouts)):
+        scores = []
+        for s, (start, _length) in zip(group, spans):
+            # row index of sequence position j: j (< p) in the prefix, start + j - p in the suffix
+            where = [j if j < p else start + j - p for j in range(s.cont_start - 1, len(s.tokens) - 1)]
+            at = torch.tensor(where, device=logits.device) - offset
+            targets = torch.tensor(s.tokens[s.cont_start :], device=logits.device)
+            scores.append(_score_rows(logits[b].index_select(0, at), targets))
+        results.append(scores)
+    return results
+
+
 def run_scoring(
     model,
     groups: list[list[Sequence]],
@@ -185,6 +251,7 @@ def run_scoring(
     batch_size: int,
     max_batch_tokens: int = 16384,
     use_kv_cache: bool = False,
+    packed: bool = False,
     max_batches: int | None = None,
     sync_calls: Callable[[int], int] | None = None,
     dummy_forward: Callable[[], None] | None = None,
@@ -199,11 +266,13 @@ def run_scoring(
     results: list[list[SequenceScore] | None] = [None] * len(groups)
     for b in range(total):
         if b >= len(batches):
-            for _ in range(2 if use_kv_cache else 1):
+            for _ in range(2 if use_kv_cache and not packed else 1):
                 dummy_forward()
             continue
         batch = [groups[g] for g in batches[b]]
-        if use_kv_cache:
+        if packed:
+            scored = score_packed(model, batch, device, trim_logits=keep_last)
+        elif use_kv_cache:
             scored = score_shared_prefix(model, batch, device, keep_last_only=keep_last)
         else:
             flat = score_full(model, [s for group in batch for s in group], device, trim_logits=keep_last)
