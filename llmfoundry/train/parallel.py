@@ -15,8 +15,10 @@ mixed_precision        ``MixedPrecisionPolicy(param_dtype, reduce_dtype)``
 cpu_offload            ``CPUOffloadPolicy()``
 =====================  ==================================================================================
 
-A model built on the meta device (``init_device: meta``) is sharded first and then materialised shard by shard:
-``to_empty`` allocates only this rank's shards, and the model's own ``init_parameters()`` fills them.
+A model built on the meta device (``init_device: meta``) is materialised block by block: each block is allocated and
+initialised with the model's per-module initialiser (``_init_weights``; the same values on every rank, from the
+seed) and sharded right away, so a rank holds its shards plus at most one full block. Models without a per-module
+initialiser are sharded first, then ``to_empty`` + ``init_parameters()`` run on the shards.
 """
 
 from __future__ import annotations
@@ -132,7 +134,11 @@ def device_mesh(cfg: FSDPConfig, device: torch.device, world_size: int):
     return init_device_mesh(device.type, (world_size // shard, shard), mesh_dim_names=("replicate", "shard"))
 
 
-def apply_fsdp(model: nn.Module, cfg: FSDPConfig, precision: str, device: torch.device, world_size: int) -> nn.Module:
+def apply_fsdp(model: nn.Module, cfg: FSDPConfig, precision: str, device: torch.device, world_size: int,
+               seed: int = 0) -> nn.Module:
+    """fully_shard each block, then the root. A meta-device model whose class has a per-module initialiser
+    (``_init_weights``) is materialised one block at a time just before that block is sharded, so a rank never
+    holds more than its shards plus one full block; other meta models are initialised after sharding."""
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
     reshard = cfg.sharding_strategy in ("FULL_SHARD", "HYBRID_SHARD")
@@ -141,11 +147,33 @@ def apply_fsdp(model: nn.Module, cfg: FSDPConfig, precision: str, device: torch.
     kwargs = dict(mesh=device_mesh(cfg, device, world_size), mp_policy=mixed_precision_policy(cfg, precision),
                   offload_policy=CPUOffloadPolicy() if cfg.cpu_offload else OffloadPolicy())
     blocks = blocks_of(model)
-    for i, block in enumerate(blocks):
-        # The last block's parameters are needed right away by backward: no point resharding them.
-        fully_shard(block, reshard_after_forward=reshard and i < len(blocks) - 1, **kwargs)
+    init_module = _module_init(model) if is_meta(model) else None
+    in_blocks = {id(m) for block in blocks for m in block.modules()}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for i, block in enumerate(blocks):
+            if init_module is not None:  # materialise this block in full (same values on every rank), then shard it
+                _materialize_modules(block.modules(), device, init_module)
+            # The last block's parameters are needed right away by backward: no point resharding them.
+            fully_shard(block, reshard_after_forward=reshard and i < len(blocks) - 1, **kwargs)
+        if init_module is not None:
+            _materialize_modules((m for m in model.modules() if id(m) not in in_blocks), device, init_module)
     fully_shard(model, reshard_after_forward=reshard, **kwargs)
     return model
+
+
+def _module_init(model: nn.Module):
+    """The model's per-module initialiser (transformers' ``_init_weights``), or None."""
+    init = getattr(model, "_init_weights", None)
+    return init if callable(init) else None
+
+
+def _materialize_modules(modules, device: torch.device, init_module) -> None:
+    for module in modules:
+        own = list(module.parameters(recurse=False)) + list(module.buffers(recurse=False))
+        if any(t.is_meta for t in own):
+            module.to_empty(device=device, recurse=False)
+            init_module(module)
 
 
 # ----------------------------------------------------------------------------------------------- entry point
@@ -168,8 +196,9 @@ def parallelize(model: nn.Module, *, fsdp: FSDPConfig | None, compile_cfg: Compi
 
     meta = is_meta(model)
     if fsdp is not None and world_size > 1:
-        apply_fsdp(model, fsdp, precision, device, world_size)
+        apply_fsdp(model, fsdp, precision, device, world_size, seed)
         wrapped = model
+        meta = is_meta(model)
     elif world_size > 1:
         if meta:
             materialize(model, device, seed)

@@ -68,6 +68,14 @@ def count_target_tokens(labels: torch.Tensor) -> torch.Tensor:
     return (labels[:, 1:] != -100).sum()
 
 
+def device_batch_size(global_batch_size: int, world_size: int) -> int:
+    """Samples per rank and step; the global batch must split evenly across ranks."""
+    if global_batch_size % world_size:
+        raise ConfigError(f"global_train_batch_size: {global_batch_size} does not divide across {world_size} ranks "
+                          f"(use a multiple of {world_size})")
+    return global_batch_size // world_size
+
+
 class TrainingStopped(RuntimeError):
     """Raised (by the trainer or a callback such as loss_spike_guard) to stop training with a clear message."""
 
@@ -90,10 +98,7 @@ class Trainer:
             self._prepare_data()
         self.tokenizer = build_tokenizer(cfg)
         world = self.dist.world_size
-        if cfg.global_train_batch_size % world:
-            raise ConfigError(f"global_train_batch_size: {cfg.global_train_batch_size} does not divide across "
-                              f"{world} ranks (use a multiple of {world})")
-        self.device_batch_size = cfg.global_train_batch_size // world
+        self.device_batch_size = device_batch_size(cfg.global_train_batch_size, world)
         micro = cfg.device_train_microbatch_size
         # auto: the whole device batch, halved on a CUDA out-of-memory error (see train_step)
         self.auto_microbatch = micro == "auto"

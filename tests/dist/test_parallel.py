@@ -40,9 +40,16 @@ def test_two_ranks_upload_their_shards_to_s3_before_the_checkpoint_is_complete(d
     from llmfoundry.train import remote
 
     url = "s3://llmfoundry-test/dist"
+    base = dist_recipe()
+    # Also: a meta-device model materialised shard by shard, on a 2-D (replicate, shard) mesh.
     run_job(dist_recipe(max_duration="4ba", save_interval="2ba", save_folder=url,
-                        fsdp_config={"sharding_strategy": "SHARD_GRAD_OP"},
+                        model=dict(base["model"], init_device="meta"),
+                        loggers={"jsonl": {"path": str(tmp_path / "s3.jsonl")}},
+                        fsdp_config={"sharding_strategy": "HYBRID_SHARD", "data_parallel_shard_degree": 2,
+                                     "reshard_after_forward": False},
                         checkpoint_upload={"staging_folder": str(tmp_path / "staging")}), tmp_path, "s3")
+    curve = losses(tmp_path / "s3.jsonl")
+    assert sorted(curve) == [1, 2, 3, 4] and 0 < curve[4] < curve[1] < 10
     folder = remote.RemoteFolder(url)
     assert folder.complete_checkpoints() == ["ep0-ba2", "ep0-ba4"]
     assert folder.read_text("latest").strip() == "ep0-ba4"

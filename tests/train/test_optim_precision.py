@@ -1,0 +1,166 @@
+"""Optimizers, schedules, precision policies, microbatching and meta-device init, checked against hand-computed values."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from llmfoundry.config.errors import ConfigError
+from llmfoundry.config.schema import TrainConfig, validate
+from llmfoundry.train import optim, schedules
+from llmfoundry.train.timeunits import Rates
+from llmfoundry.train.trainer import Trainer, device_batch_size
+
+RATES = Rates(batches_per_epoch=10, samples_per_batch=8, tokens_per_batch=512, max_duration_batches=100)
+
+
+def make_trainer(recipe: dict) -> Trainer:
+    return Trainer(validate(recipe, TrainConfig), recipe)
+
+
+@pytest.mark.parametrize("build, settings, expected", [
+    (schedules.build_cosine, schedules.CosineSettings(t_warmup="10ba", alpha_f=0.1),
+     {0: 0.0, 5: 0.5, 10: 1.0, 55: 0.55, 100: 0.1, 120: 0.1}),
+    (schedules.build_linear, schedules.LinearSettings(t_warmup="0.1dur", alpha_f=0.0),
+     {5: 0.5, 10: 1.0, 55: 0.5, 100: 0.0}),
+    (schedules.build_constant, schedules.ConstantSettings(t_warmup="1ep", alpha=0.5), {5: 0.25, 10: 0.5, 90: 0.5}),
+    (schedules.build_inv_sqrt, schedules.InvSqrtSettings(t_warmup="2560tok", t_scale="40sp"),
+     {0: 0.0, 5: 1.0, 20: 1 / math.sqrt(4), 50: 1 / math.sqrt(10)}),
+    (schedules.build_inv_sqrt, schedules.InvSqrtSettings(t_warmup="0ba", t_scale="10ba", t_cooldown="10ba", alpha_f=0.0),
+     {90: 1 / math.sqrt(10), 95: 0.5 / math.sqrt(10), 100: 0.0}),
+])
+def test_schedule_values_at_known_batches(build, settings, expected):
+    multiplier = build(settings, RATES)
+    for batch, value in expected.items():
+        assert multiplier(batch) == pytest.approx(value, abs=1e-12), batch
+
+
+def test_lion_step_matches_a_hand_computed_example():
+    p = nn.Parameter(torch.tensor([1.0, -2.0]))
+    opt = optim.DecoupledLionW([p], lr=0.1, betas=(0.9, 0.99), weight_decay=0.0)
+    p.grad = torch.tensor([0.5, -0.1])
+    opt.step()  # update = sign(0.1 * g) = [1, -1]; momentum = 0.01 * g
+    torch.testing.assert_close(p.detach(), torch.tensor([0.9, -1.9]))
+    torch.testing.assert_close(opt.state[p]["exp_avg"], torch.tensor([0.005, -0.001]))
+    p.grad = torch.tensor([-0.01, 0.2])
+    opt.step()  # c = 0.9 * m + 0.1 * g = [0.0035, 0.0191]: momentum outvotes the first gradient's sign
+    torch.testing.assert_close(p.detach(), torch.tensor([0.8, -2.0]))
+
+
+def test_lion_weight_decay_is_decoupled_from_the_learning_rate_size():
+    p = nn.Parameter(torch.tensor([2.0]))
+    opt = optim.DecoupledLionW([p], lr=0.5, betas=(0.9, 0.99), weight_decay=0.1)
+    p.grad = torch.zeros(1)
+    opt.step()  # sign(0) = 0: only the decay, by wd * lr / lr0 = 0.1
+    torch.testing.assert_close(p.detach(), torch.tensor([1.8]))
+    opt.param_groups[0]["lr"] = 0.25  # a schedule halved the lr: the decay halves too
+    opt.step()
+    torch.testing.assert_close(p.detach(), torch.tensor([1.8 * 0.95]))
+
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.wte = nn.Embedding(4, 2)
+        self.proj = nn.Linear(2, 2)
+
+
+def test_decoupled_adamw_decays_by_wd_times_the_schedule_not_by_lr_times_wd():
+    for name, expected in (("decoupled_adamw", [1 - 0.01, 1 - 0.005]), ("adamw", [1 - 1e-3 * 0.01, 1 - 5e-4 * 0.01])):
+        model = Tiny()
+        start = model.proj.weight.detach().clone()
+        settings = optim.AdamSettings(lr=1e-3, weight_decay=0.01)
+        opt = (optim.build_decoupled_adamw if name == "decoupled_adamw" else optim.build_adamw)(settings, model)
+        for factor, lr in zip(expected, (1e-3, 5e-4)):
+            for group in opt.param_groups:
+                group["lr"] = lr
+            for p in model.parameters():
+                p.grad = torch.zeros_like(p)  # no gradient: the step is the decay alone
+            before = model.proj.weight.detach().clone()
+            opt.step()
+            torch.testing.assert_close(model.proj.weight.detach(), before * factor, rtol=1e-6, atol=0), name
+        assert not torch.equal(start, model.proj.weight)
+
+
+def test_param_groups_and_disable_grad():
+    model = Tiny()
+    settings = optim.AdamSettings(lr=1e-3, weight_decay=0.1, disable_grad="^wte",
+                                  param_groups=[optim.ParamGroup(param_str_match=r"\.bias$", lr=0.5, weight_decay=0.0)])
+    opt = optim.build_decoupled_adamw(settings, model)
+    assert not model.wte.weight.requires_grad
+    assert [len(g["params"]) for g in opt.param_groups] == [1, 1]
+    assert opt.param_groups[1]["params"][0] is model.proj.bias and opt.param_groups[1]["lr"] == 0.5
+    assert opt.param_groups[1]["weight_decay"] == 0.0
+    with pytest.raises(ConfigError, match=r"param_groups\[0\].param_str_match: 'nothing' matches no parameter"):
+        optim.build_adamw(optim.AdamSettings(param_groups=[optim.ParamGroup(param_str_match="nothing")]), Tiny())
+
+
+def test_global_batch_must_divide_across_ranks():
+    assert device_batch_size(8, 2) == 4
+    with pytest.raises(ConfigError, match="global_train_batch_size: 8 does not divide across 3 ranks"):
+        device_batch_size(8, 3)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "amp_bf16", "amp_fp16", "bf16"])
+def test_every_precision_trains(recipe, precision):
+    trainer = make_trainer(recipe(eval_loader=None, max_duration="2ba", precision=precision))
+    metrics = trainer.fit()
+    assert math.isfinite(metrics["loss/train/total"])
+    assert trainer.model.get_input_embeddings().weight.dtype == (torch.bfloat16 if precision == "bf16" else torch.float32)
+    assert (trainer.scaler is not None) == (precision == "amp_fp16")
+
+
+def test_auto_microbatch_halves_on_out_of_memory_and_redoes_the_step_exactly(recipe):
+    grads = []
+    for micro in ("auto", 2):
+        trainer = make_trainer(recipe(eval_loader=None, max_duration="1ba", device_train_microbatch_size=micro))
+        assert trainer.microbatch_size == (8 if micro == "auto" else 2)
+        real = trainer._forward_backward
+
+        def flaky(batch, targets, real=real, trainer=trainer):
+            loss = real(batch, targets)  # gradients accumulate, then the "allocation" fails
+            if trainer.microbatch_size > 2:
+                raise torch.cuda.OutOfMemoryError("simulated")
+            return loss
+
+        trainer._forward_backward = flaky
+        step = trainer.optimizer.step
+
+        def record(*a, trainer=trainer, step=step, **k):
+            grads.append({n: p.grad.clone() for n, p in trainer.model.named_parameters()})
+            return step(*a, **k)
+
+        trainer.optimizer.step = record
+        trainer.fit()
+        assert trainer.microbatch_size == 2
+    for name in grads[0]:
+        assert torch.equal(grads[0][name], grads[1][name]), name
+
+
+def test_meta_device_model_is_materialised_and_trains(recipe):
+    base = recipe()
+    trainer = make_trainer(recipe(eval_loader=None, max_duration="3ba", model=dict(base["model"], init_device="meta")))
+    assert not any(p.is_meta for p in trainer.model.parameters())
+    assert trainer.model.get_input_embeddings().weight.std() > 0
+    metrics = trainer.fit()
+    assert math.isfinite(metrics["loss/train/total"])
+
+
+def test_compile_config_compiles_each_block(recipe):
+    trainer = make_trainer(recipe(eval_loader=None, max_duration="1ba", compile_config={"backend": "eager"}))
+    assert all(getattr(b, "_compiled_call_impl", None) is not None for b in trainer.model.blocks())
+    assert math.isfinite(trainer.fit()["loss/train/total"])
+
+
+def test_fsdp_keys_validate_and_unknown_ones_are_named():
+    from llmfoundry.config.validate import validate as check
+    from llmfoundry.train.settings import FSDPConfig
+
+    cfg = check({"sharding_strategy": "HYBRID_SHARD", "mixed_precision": {"param_dtype": "bf16"},
+                 "limit_all_gathers": True, "use_orig_params": False}, FSDPConfig)
+    assert cfg.sharding_strategy == "HYBRID_SHARD" and cfg.mixed_precision == {"param_dtype": "bf16"}
+    with pytest.raises(ConfigError, match="activation_checkpoint: unknown key"):
+        check({"activation_checkpoint": True}, FSDPConfig)
