@@ -24,7 +24,7 @@ try:
 except ImportError as error:  # pragma: no cover - exercised only without the extra
     raise ImportError("the lm-eval adapter needs lm-evaluation-harness: pip install 'llmfoundry[eval]'") from error
 
-from llmfoundry.eval.icl.scoring import generate_greedy, run_scoring, supports_kv_cache
+from llmfoundry.eval.icl.scoring import generate_greedy, run_scoring, supports_kv_cache, supports_packed
 from llmfoundry.eval.icl.tasks import Sequence
 
 
@@ -95,9 +95,11 @@ class LLMFoundryLM(LM):
         for i, s in enumerate(seqs):
             groups.setdefault(tuple(s.tokens[: s.cont_start]), []).append(i)
         members = list(groups.values())
-        use_kv = supports_kv_cache(self.model) and any(len(m) > 1 for m in members)
+        shared = any(len(m) > 1 for m in members)
+        packed = shared and supports_packed(self.model)
+        use_kv = shared and not packed and supports_kv_cache(self.model)
         scores = run_scoring(self.model, [[seqs[i] for i in m] for m in members], device=self._device,
-                             batch_size=self.batch_size, use_kv_cache=use_kv)
+                             batch_size=self.batch_size, use_kv_cache=use_kv, packed=packed)
         out: list[tuple[float, bool]] = [(0.0, False)] * len(seqs)
         for m, sc in zip(members, scores):
             for i, s in zip(m, sc or []):

@@ -148,3 +148,26 @@ def test_packed_rows_with_a_4d_mask_equal_running_each_sequence_alone(model_name
         for seq, score in zip(group, scores):
             assert math.isclose(score.logprob, _reference(model, seq), rel_tol=1e-4, abs_tol=1e-4)
             assert score.num_tokens == len(seq.tokens) - seq.cont_start
+
+
+def test_our_mpt_model_scores_the_same_on_every_path(tokenizer):
+    """MPTForCausalLM (ALiBi, 2D masks only): the KV-cache path and the plain path agree; no 4D-mask packing."""
+    mpt = pytest.importorskip("llmfoundry.models.mpt")
+    from llmfoundry.eval.icl.scoring import supports_packed
+
+    torch.manual_seed(0)
+    model = mpt.MPTForCausalLM(mpt.MPTConfig(d_model=32, n_heads=4, n_layers=2, vocab_size=len(tokenizer),
+                                             max_seq_len=64)).eval()
+    assert not supports_packed(model)
+    groups = [
+        [Sequence([5, 6, 7, 8, 9, 20], 5), Sequence([5, 6, 7, 8, 9, 21, 22, 23], 5)],
+        [Sequence([30, 31, 40, 41], 2), Sequence([30, 32, 40], 2), Sequence([30, 31, 42, 43, 44], 2)],
+    ]
+    with torch.no_grad():
+        full = score_full(model, [s for g in groups for s in g], "cpu")
+        if supports_kv_cache(model):
+            kv = [s for g in score_shared_prefix(model, groups, "cpu", keep_last_only=False) for s in g]
+            for a, b in zip(full, kv):
+                assert math.isclose(a.logprob, b.logprob, rel_tol=1e-4, abs_tol=1e-4)
+    for seq, score in zip([s for g in groups for s in g], full):
+        assert math.isclose(score.logprob, _reference(model, seq), rel_tol=1e-4, abs_tol=1e-4)

@@ -38,8 +38,13 @@ def supports_kv_cache(model: torch.nn.Module) -> bool:
 
 def supports_packed(model: torch.nn.Module) -> bool:
     """Whether the model takes a custom 4D boolean attention mask (transformers models on sdpa/eager attention)."""
-    config = getattr(model, "config", None)
-    impl = getattr(config, "_attn_implementation", None)
+    declared = getattr(model, "supports_4d_attention_mask", None)
+    if declared is not None:
+        return bool(declared)
+    # transformers' own model classes build their masks in transformers.masking_utils, which passes 4D masks on
+    if not type(model).__module__.startswith("transformers."):
+        return False
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
     return impl in ("sdpa", "eager") and {"position_ids", "attention_mask"} <= _forward_params(model)
 
 
