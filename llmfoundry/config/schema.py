@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from llmfoundry import registry
 from llmfoundry.config.fields import option
 from llmfoundry.config.validate import Check, Component, Registered, RegisteredMap, to_plain, validate
+from llmfoundry.eval.config import GauntletConfig, ICLTaskConfig
 from llmfoundry.train.settings import CheckpointUploadConfig, CompileConfig, FSDPConfig
 from llmfoundry.train.timeunits import check_time
 
@@ -74,10 +75,14 @@ class TrainConfig:
     eval_interval: TimeString = option("1ep", "how often to evaluate, e.g. 500ba")
     eval_first: bool = option(False, "evaluate before the first training batch")
     eval_subset_num_batches: int = option(-1, "evaluate on at most this many batches (-1 = all)")
-    icl_tasks: Any = option(None, "in-context-learning tasks (list or YAML path)", unsupported="icl_tasks")
-    icl_subset_num_batches: int | None = option(None, "ICL batches per task (none = all)", unsupported="icl_subset_num_batches")
-    icl_seq_len: int | None = option(None, "sequence length for ICL tasks", unsupported="icl_seq_len")
-    eval_gauntlet: Any = option(None, "eval gauntlet (mapping or YAML path)", unsupported="eval_gauntlet")
+    icl_tasks: list[ICLTaskConfig] | str | None = option(
+        None, "in-context-learning tasks run at every evaluation: a list, or the path of a YAML file with icl_tasks"
+    )
+    icl_subset_num_batches: int | None = option(None, "score at most this many batches per ICL task (none = all)")
+    icl_seq_len: int | None = option(None, "context window of ICL tasks that set none (default: max_seq_len)")
+    eval_gauntlet: GauntletConfig | str | None = option(
+        None, "eval gauntlet over the ICL tasks: a mapping, or the path of a YAML file with eval_gauntlet"
+    )
     # --- parallelism ---
     fsdp_config: FSDPConfig | None = option(
         None, "shard the model with FSDP2 (fully_shard per block, then the root); none = DDP on several ranks"
