@@ -29,7 +29,7 @@ class ICLTaskConfig:
     icl_task_type: Literal[
         "language_modeling", "multiple_choice", "schema", "generation_task_with_answers", "code_evaluation"
     ] = option(doc="how examples are scored (code_evaluation is not supported yet)")
-    num_fewshot: list[int] = option([0], "numbers of in-context examples; the task runs once per entry")
+    num_fewshot: list[int] | int = option([0], "numbers of in-context examples; the task runs once per entry")
     batch_size: int | None = option(None, "sequences per forward pass (none = device_eval_batch_size)")
     max_seq_len: int | None = option(None, "context window; longer prompts lose tokens on the left (none = global)")
     prompt_string: str = option("", "text put once before the few-shot examples")
@@ -154,10 +154,15 @@ def load_icl_tasks(value: Any, key: str = "icl_tasks") -> list[ICLTaskConfig]:
     problems = []
     for i, raw in enumerate(value):
         if isinstance(raw, ICLTaskConfig):
+            if isinstance(raw.num_fewshot, int):
+                raw.num_fewshot = [raw.num_fewshot]
             tasks.append(raw)
             continue
         try:
-            tasks.append(_validate(_normalise_task(raw), ICLTaskConfig, f"{key}[{i}]"))
+            task = _validate(_normalise_task(raw), ICLTaskConfig, f"{key}[{i}]")
+            if isinstance(task.num_fewshot, int):
+                task.num_fewshot = [task.num_fewshot]
+            tasks.append(task)
         except ConfigError as error:
             problems.extend(error.problems)
     if problems:

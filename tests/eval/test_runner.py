@@ -98,3 +98,22 @@ def test_task_configs_are_validated(tmp_path):
     path.write_text("icl_tasks:\n- label: a\n  dataset_uri: b\n  icl_task_type: schema\n  num_fewshot: 3\n")
     (task,) = load_icl_tasks(str(path))
     assert task.num_fewshot == [3] and task.continuation_delimiter == " " and task.fewshot_random_seed == 1234
+
+
+def test_validated_task_configs_with_an_int_num_fewshot_are_accepted():
+    from llmfoundry.config.validate import validate
+    from llmfoundry.eval.config import ICLTaskConfig
+
+    task = validate({"label": "a", "dataset_uri": "b", "icl_task_type": "schema", "num_fewshot": 2}, ICLTaskConfig)
+    assert load_icl_tasks([task])[0].num_fewshot == [2]
+
+
+def test_shipped_tiny_task_list_and_gauntlet_load(tokenizer):
+    from pathlib import Path
+
+    from llmfoundry.eval.config import load_gauntlet
+
+    root = Path(__file__).resolve().parents[2]
+    tasks = load_icl_tasks(str(root / "eval" / "yamls" / "tasks_tiny.yaml"))
+    assert all((root / t.dataset_uri).is_file() for t in tasks)
+    assert load_gauntlet(str(root / "eval" / "yamls" / "gauntlet_tiny.yaml")).averages

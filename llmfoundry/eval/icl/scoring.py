@@ -70,22 +70,35 @@ def kv_cache_saving(groups: list[list[Sequence]]) -> float:
     return saved / total if total else 0.0
 
 
-def plan_batches(groups: list[list[Sequence]], batch_size: int, max_batch_tokens: int) -> list[list[int]]:
-    """Groups ordered longest first and packed into batches of at most ``batch_size`` sequences and
-    ``max_batch_tokens`` padded tokens (a group larger than that gets a batch of its own)."""
-    order = sorted(range(len(groups)), key=lambda g: -max(len(s.tokens) for s in groups[g]))
+def packed_width(group: list[Sequence]) -> int:
+    """Length of a group's packed row: the shared prefix once plus every sequence's remaining tokens."""
+    p = shared_prefix_len(group)
+    return p + sum(len(s.tokens) - p for s in group)
+
+
+def plan_batches(
+    groups: list[list[Sequence]],
+    batch_size: int,
+    max_batch_tokens: int,
+    width: Callable[[list[Sequence]], int] | None = None,
+    rows: Callable[[list[Sequence]], int] = len,
+) -> list[list[int]]:
+    """Groups ordered widest first and packed into batches of at most ``batch_size`` sequences and
+    ``max_batch_tokens`` padded tokens (a group larger than that gets a batch of its own). ``width``: the padded
+    length a group needs (default: its longest sequence); ``rows``: the forward-pass rows it takes."""
+    width = width or (lambda group: max(len(s.tokens) for s in group))
+    widths = [width(g) for g in groups]
+    order = sorted(range(len(groups)), key=lambda g: -widths[g])
     batches: list[list[int]] = []
     current: list[int] = []
-    rows = width = 0
+    n_seqs = n_rows = w = 0
     for g in order:
-        g_rows = len(groups[g])
-        g_width = max(len(s.tokens) for s in groups[g])
-        new_rows, new_width = rows + g_rows, max(width, g_width)
-        if current and (new_rows > batch_size or new_rows * new_width > max_batch_tokens):
+        new_seqs, new_rows, new_w = n_seqs + len(groups[g]), n_rows + rows(groups[g]), max(w, widths[g])
+        if current and (new_seqs > batch_size or new_rows * new_w > max_batch_tokens):
             batches.append(current)
-            current, new_rows, new_width = [], g_rows, g_width
+            current, new_seqs, new_rows, new_w = [], len(groups[g]), rows(groups[g]), widths[g]
         current.append(g)
-        rows, width = new_rows, new_width
+        n_seqs, n_rows, w = new_seqs, new_rows, new_w
     if current:
         batches.append(current)
     return batches
@@ -125,7 +138,8 @@ def score_full(model, seqs: list[Sequence], device, pad_id: int = 0, trim_logits
         keep = width - min(s.cont_start for s in seqs) + 1
         kwargs["logits_to_keep"] = keep
         offset = width - keep
-    logits = _logits(model(input_ids=ids, attention_mask=mask, **kwargs))
+    # right padding needs no mask: under the causal mask no real token attends to a later pad token
+    logits = _logits(model(input_ids=ids, **kwargs))
     scores = []
     for r, s in enumerate(seqs):
         targets = ids[r, s.cont_start : len(s.tokens)]
@@ -263,7 +277,10 @@ def run_scoring(
     progress: Callable[[int], None] | None = None,
 ) -> list[list[SequenceScore] | None]:
     """Scores for every group (None for groups past ``max_batches``)."""
-    batches = plan_batches(groups, batch_size, max_batch_tokens) if groups else []
+    if packed:
+        batches = plan_batches(groups, batch_size, max_batch_tokens, width=packed_width, rows=lambda g: 1)
+    else:
+        batches = plan_batches(groups, batch_size, max_batch_tokens) if groups else []
     if max_batches is not None:
         batches = batches[:max_batches]
     total = sync_calls(len(batches)) if sync_calls else len(batches)
