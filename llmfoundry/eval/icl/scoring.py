@@ -1,13 +1,15 @@
 """Running the model: batched continuation log-likelihoods and greedy generation.
 
-Speed comes from three things:
+Speed comes from four things:
 
 * sequences are sorted by length and batched so that padding stays small;
 * all choices of a question go in the same batch;
-* with ``kv_cache`` the longest token prefix that a question's sequences share (the few-shot preamble and the
-  question) is run once, its key/value cache is copied to every choice, and only the choices' own tokens are run
-  (the prefix pass keeps only its last position's logits). This needs a model whose forward takes
-  ``past_key_values`` and ``position_ids`` (every transformers causal LM); other models use the plain path.
+* the longest token prefix that a question's sequences share (the few-shot preamble and the question) is run
+  once. Transformers-native models get one *packed* row per question (prefix, then each choice's tokens, with a
+  4D mask so that a choice sees only the prefix and itself, and positions restarting after the prefix); other
+  models whose forward takes ``past_key_values`` and ``position_ids`` (our MPT) get the prefix's key/value cache
+  copied to every choice; the rest run each sequence whole;
+* the output projection runs only on the last positions that hold scored predictions (``logits_to_keep``).
 
 Under torch.distributed every rank must make the same number of forward calls (FSDP gathers weights inside each
 call), so ``sync_calls`` pads a rank that has fewer batches with tiny dummy forwards.
