@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import os
 import pty
-import select
+import selectors
 import subprocess
 import sys
 import time
@@ -42,6 +42,10 @@ class Terminal:
         self.proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, cwd=REPO, env=env,
                                      close_fds=True)  # fmt: skip
         os.close(slave)
+        # selectors (epoll/poll), not select.select: by the time this runs the test process may hold more than
+        # 1024 descriptors (streaming keeps each dataset's shared memory open until exit), which select rejects.
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(self.master, selectors.EVENT_READ)
         self.buffer = ""
 
     def expect(self, text: str, timeout: float = 60.0) -> str:
@@ -51,8 +55,7 @@ class Terminal:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise AssertionError(f"timed out waiting for {text!r}; output so far:\n{self.buffer}")
-            ready, _, _ = select.select([self.master], [], [], left)
-            if ready:
+            if self.selector.select(left):
                 try:
                     chunk = os.read(self.master, 4096)
                 except OSError:  # the child closed the terminal
@@ -73,6 +76,7 @@ class Terminal:
         finally:
             if self.proc.poll() is None:
                 self.proc.kill()
+            self.selector.close()
             os.close(self.master)
 
 
