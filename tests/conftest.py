@@ -91,7 +91,6 @@ class MotoS3Server:
 @pytest.fixture(scope="session")
 def moto_s3():
     """The session's moto S3 server (use ``s3_server`` in tests; this one to stop/start it)."""
-    pytest.importorskip("moto.server")
     server = MotoS3Server()
     server.start()
     yield server

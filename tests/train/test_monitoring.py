@@ -105,8 +105,6 @@ def test_hf_checkpointer_exports_loadable_transformers_folders(recipe, tmp_path)
 
 
 def test_tensorboard_and_mlflow_loggers_record_metrics(recipe, tmp_path):
-    pytest.importorskip("tensorboard")
-    pytest.importorskip("mlflow")
     uri = f"file:{tmp_path / 'mlruns'}"
     make_trainer(recipe(eval_loader=None, max_duration="3ba", run_name="logged", loggers={
         "tensorboard": {"log_dir": str(tmp_path / "tb")},
