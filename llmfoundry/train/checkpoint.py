@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
 import yaml
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -191,10 +192,14 @@ def load_checkpoint(
         state["optimizer"] = get_optimizer_state_dict(model, optimizer)
     try:
         dcp.load(state, checkpoint_id=str(path), planner=DefaultLoadPlanner(allow_partial_load=not strict))
-    except (RuntimeError, KeyError) as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ConfigError(f"load_path: '{path}' does not match this model/optimizer ({first}); "
-                          "set load_weights_only: true or load_strict_model_weights: false if that is intended") from None
+    except (RuntimeError, KeyError, CheckpointException) as error:
+        failure = _load_failure(error)
+        if "optimizer" in failure:
+            hint = "set load_weights_only: true to load the model weights alone"
+        else:  # the model section differs from the one the checkpoint was trained with
+            hint = ("make the model section match the checkpoint's config.yaml, or set load_strict_model_weights: "
+                    "false to load only the weights that match")
+        raise ConfigError(f"load_path: '{path}' does not match this run ({failure}); {hint}") from None
     set_model_state_dict(model, state["model"], options=options)
     if weights_only:
         return {}
@@ -205,6 +210,14 @@ def load_checkpoint(
     if rank_file.exists() and per_rank.get("world_size") == dist.world_size():
         _set_rng_state(per_rank["rng"])  # on another world size, RNG streams restart from the seed
     return {"trainer": rank0["trainer"], "dataloader": rank0.get("dataloader")}
+
+
+def _load_failure(error: BaseException) -> str:
+    """The first line of what went wrong, unwrapped from DCP's per-rank CheckpointException (a BaseException)."""
+    if isinstance(error, CheckpointException) and error.failures:
+        error = next(iter(error.failures.values()))[0]
+    text = str(error).strip().strip("'\"")
+    return text.splitlines()[0].rstrip(".") if text else type(error).__name__
 
 
 def read_checkpoint_config(path: str | Path) -> dict[str, Any]:
