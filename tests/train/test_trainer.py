@@ -63,6 +63,27 @@ def test_resume_from_load_path_continues_bitwise_identically(recipe, tmp_path):
         assert torch.equal(expected[key], got[key]), key
 
 
+def test_loading_a_checkpoint_of_another_architecture_is_a_one_line_error(recipe, tmp_path):
+    import pytest
+
+    from llmfoundry.config.errors import ConfigError
+
+    no_bias = recipe()["model"] | {"no_bias": True}
+    saved = make_trainer(recipe(model=no_bias, eval_loader=None, max_duration="2ba", save_folder=str(tmp_path / "a"),
+                                save_interval="2ba"))
+    saved.fit()
+    with pytest.raises(ConfigError) as error:  # the recipe's model has biases, the checkpoint's has none
+        make_trainer(recipe(eval_loader=None, load_path=str(tmp_path / "a"), load_weights_only=True))
+    message = str(error.value)
+    assert "\n" not in message and "Missing key in checkpoint state_dict: model." in message, message
+    assert "load_strict_model_weights: false" in message
+    partial = make_trainer(recipe(eval_loader=None, load_path=str(tmp_path / "a"), load_weights_only=True,
+                                  load_strict_model_weights=False))
+    assert partial.time.batch == 0  # weights only: the run starts over
+    trained, loaded = weights(saved), weights(partial)
+    assert all(torch.equal(trained[k], loaded[k]) for k in trained)  # every weight the checkpoint has was loaded
+
+
 def test_autoresume_picks_the_latest_complete_checkpoint(recipe, tmp_path):
     folder = tmp_path / "run"
     make_trainer(recipe(eval_loader=None, max_duration="4ba", save_folder=str(folder),
