@@ -18,6 +18,7 @@ import sys
 import torch
 
 from llmfoundry.config.errors import ConfigError
+from llmfoundry.inference.sampling import add_sampling_arguments, check_sampling_arguments, sampling_options
 
 CHATML_END = "<|im_end|>"
 USER_PROMPT = "User: "
@@ -170,14 +171,8 @@ class ChatSession:
             pad_token_id=self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None
             else self.tokenizer.eos_token_id,
             use_cache=True,
+            **sampling_options(self.args.temperature, self.args.top_p, self.args.top_k, self.args.repetition_penalty),
         )  # fmt: skip
-        if self.args.temperature > 0:
-            options.update(do_sample=True, temperature=self.args.temperature, top_p=self.args.top_p,
-                           top_k=self.args.top_k or None)  # fmt: skip
-        else:
-            options.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        if self.args.repetition_penalty != 1.0:
-            options["repetition_penalty"] = self.args.repetition_penalty
         from transformers import StoppingCriteriaList
 
         options["stopping_criteria"] = StoppingCriteriaList(options["stopping_criteria"])
@@ -238,22 +233,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                                      epilog=HELP)  # fmt: skip
     parser.add_argument("model", help="a checkpoint folder (or save_folder) of ours or a Hugging Face folder")
     parser.add_argument("--system", default=None, help="system message at the start of the conversation")
-    parser.add_argument("--max_new_tokens", type=int, default=256, help="longest answer in tokens")
-    parser.add_argument("--temperature", type=float, default=0.7, help="0 = greedy")
-    parser.add_argument("--top_p", type=float, default=0.95)
-    parser.add_argument("--top_k", type=int, default=0, help="0 = no top-k filtering")
-    parser.add_argument("--repetition_penalty", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--chat_template", default=None, help="a Jinja chat template (file or text) to use instead")
     parser.add_argument("--show_prompt", action="store_true", help="print the templated prompt before each answer")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    add_sampling_arguments(parser, max_new_tokens=256, temperature=0.7, top_p=0.95)
     args = parser.parse_args(argv)
-    if args.max_new_tokens <= 0:
-        raise ConfigError(f"--max_new_tokens: must be positive, got {args.max_new_tokens}")
-    if args.temperature < 0:
-        raise ConfigError(f"--temperature: must be >= 0, got {args.temperature}")
-    if not 0 < args.top_p <= 1:
-        raise ConfigError(f"--top_p: must be in (0, 1], got {args.top_p}")
+    check_sampling_arguments(args)
     return args
 
 

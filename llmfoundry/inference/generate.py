@@ -14,21 +14,18 @@ from pathlib import Path
 import torch
 
 from llmfoundry.config.errors import ConfigError
+from llmfoundry.inference.sampling import add_sampling_arguments, check_sampling_arguments, sampling_options
 
 
 def generate_ids(model, tokenizer, prompts: list[str], *, max_new_tokens: int, temperature: float = 0.0,
-                 top_p: float = 1.0, top_k: int = 0, batch_size: int | None = None) -> list[list[int]]:  # fmt: skip
+                 top_p: float = 1.0, top_k: int = 0, repetition_penalty: float = 1.0,
+                 batch_size: int | None = None) -> list[list[int]]:  # fmt: skip
     """The new token ids for each prompt (padding and anything after EOS removed)."""
     tokenizer.padding_side = "left"  # generation appends on the right, so real tokens must end each row
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     device = next(model.parameters()).device
-    sample = temperature > 0
-    options = dict(max_new_tokens=max_new_tokens, do_sample=sample, pad_token_id=pad_id,
-                   eos_token_id=tokenizer.eos_token_id, use_cache=True)  # fmt: skip
-    if sample:
-        options.update(temperature=temperature, top_p=top_p, top_k=top_k or None)
-    else:  # make greedy explicit even if the folder's generation_config asks for sampling
-        options.update(temperature=None, top_p=None, top_k=None)
+    options = dict(max_new_tokens=max_new_tokens, pad_token_id=pad_id, eos_token_id=tokenizer.eos_token_id,
+                   use_cache=True, **sampling_options(temperature, top_p, top_k, repetition_penalty))  # fmt: skip
     results: list[list[int]] = []
     step = batch_size or len(prompts)
     for start in range(0, len(prompts), step):
@@ -62,18 +59,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("model", help="a checkpoint folder of ours or a Hugging Face folder")
     parser.add_argument("--prompt", action="append", help="a prompt (repeat for a batch)")
     parser.add_argument("--prompts_file", help="a text file with one prompt per line")
-    parser.add_argument("--max_new_tokens", type=int, default=64)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    parser.add_argument("--top_p", type=float, default=1.0)
-    parser.add_argument("--top_k", type=int, default=0, help="0 = no top-k filtering")
-    parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--batch_size", type=int, default=None, help="prompts per generate call (default: all)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    add_sampling_arguments(parser, max_new_tokens=64, temperature=0.0, top_p=1.0)
     args = parser.parse_args(argv)
-    if args.max_new_tokens <= 0:
-        raise ConfigError(f"--max_new_tokens: must be positive, got {args.max_new_tokens}")
-    if args.temperature < 0:
-        raise ConfigError(f"--temperature: must be >= 0, got {args.temperature}")
+    check_sampling_arguments(args)
+    if args.batch_size is not None and args.batch_size <= 0:
+        raise ConfigError(f"--batch_size: must be positive, got {args.batch_size}")
 
     from llmfoundry.models.convert import load_model
 
@@ -83,7 +74,7 @@ def main(argv: list[str]) -> int:
     start = time.perf_counter()
     outputs = generate_ids(model, tokenizer, prompts, max_new_tokens=args.max_new_tokens,
                            temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                           batch_size=args.batch_size)  # fmt: skip
+                           repetition_penalty=args.repetition_penalty, batch_size=args.batch_size)  # fmt: skip
     seconds = time.perf_counter() - start
     for i, (prompt, ids) in enumerate(zip(prompts, outputs)):
         print(f"### completion {i}\n{prompt}{tokenizer.decode(ids, skip_special_tokens=True)}")

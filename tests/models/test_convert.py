@@ -118,4 +118,8 @@ def test_generate_cli_prompts_file_sampling_seed_and_errors(tmp_path, tokenizer,
     assert cli(args) == 0
     assert capsys.readouterr().out == first.out  # same seed, same samples
     assert cli(["generate", str(tmp_path / "m")]) == 2  # no prompt
-    assert cli(["generate", str(tmp_path / "m"), "--prompt", "x", "--max_new_tokens", "0"]) == 2
+    assert "give at least one --prompt" in capsys.readouterr().err
+    for bad in (["--max_new_tokens", "0"], ["--top_p", "0"], ["--top_k", "-1"], ["--repetition_penalty", "0"],
+                ["--batch_size", "0"]):  # fmt: skip
+        assert cli(["generate", str(tmp_path / "m"), "--prompt", "x", *bad]) == 2, bad
+        assert capsys.readouterr().err.startswith(f"error: {bad[0]}: ")
