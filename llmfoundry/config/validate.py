@@ -209,6 +209,7 @@ def _convert_dataclass(value: Any, cls: type, path: str, problems: list[str]) ->
     if not isinstance(value, dict):
         problems.append(f"{path or 'config'}: expected a mapping, got {_describe(value)}")
         return None
+    problems_before = len(problems)
     hints = _field_types(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     for key in value:
@@ -229,11 +230,16 @@ def _convert_dataclass(value: Any, cls: type, path: str, problems: list[str]) ->
             continue
         kwargs[name] = _convert(value[name], hints[name], key_path, problems)
     try:
-        return cls(**kwargs)
+        section = cls(**kwargs)
     except (TypeError, ValueError) as error:
         if not problems:
             problems.append(f"{path or 'config'}: {error}")
         return None
+    # A section may check how its keys fit together (e.g. d_model divisible by n_heads); only once each key
+    # is valid on its own, so that one mistake is not reported twice.
+    if len(problems) == problems_before and hasattr(section, "check_settings"):
+        problems.extend(section.check_settings(path))
+    return section
 
 
 def _is_default(f: dataclasses.Field, value: Any) -> bool:

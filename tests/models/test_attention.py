@@ -93,6 +93,21 @@ def test_sequence_id_keeps_packed_documents_apart(impl, positional):
 
 @pytest.mark.parametrize("impl", ["torch", "sdpa"])
 @pytest.mark.parametrize("positional", list(POSITIONAL))
+def test_packed_documents_in_a_padded_row_see_their_own_positions(impl, positional):
+    """Finetuning batches pack several examples per row and right-pad it (sequence_id -1 and mask 0 there)."""
+    model = _model(impl, positional, "sequence_id")
+    torch.manual_seed(2)
+    docs = [torch.randint(2, 512, (1, n)) for n in (6, 9)]
+    packed = torch.cat([*docs, torch.zeros(1, 5, dtype=torch.long)], dim=1)
+    seq_id = torch.tensor([[0] * 6 + [1] * 9 + [-1] * 5])
+    mask = (seq_id >= 0).long()
+    logits = model(packed, attention_mask=mask, sequence_id=seq_id).logits
+    torch.testing.assert_close(logits[:, :6], model(docs[0]).logits, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(logits[:, 6:15], model(docs[1]).logits, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("impl", ["torch", "sdpa"])
+@pytest.mark.parametrize("positional", list(POSITIONAL))
 def test_left_padding_gives_the_unpadded_logits(impl, positional):
     model = _model(impl, positional, "causal")
     torch.manual_seed(1)

@@ -42,11 +42,28 @@ def test_vocab_smaller_than_tokenizer_is_a_config_error(tokenizer):
         (dict(attn_config={"qk_ln": True, "qk_gn": True}), "model.attn_config.qk_ln"),
         (dict(init_config={"name": "baseline_"}), "model.init_config.init_std"),
         (dict(attn_config={"bogus": 1}), "model.attn_config.bogus"),
+        (dict(attn_config={"kv_n_heads": 2}), "model.attn_config.kv_n_heads"),  # multihead attention ignores it
+        (dict(attn_config={"attn_impl": "triton"}), "model.attn_config.attn_impl"),  # config.json is not typed
+        (dict(ffn_config={"ffn_type": "te_ln_mlp"}), "model.ffn_config.ffn_type"),
+        (dict(block_overrides={"order": [{"name": "default"}]}), "model.block_overrides"),
     ],
 )
 def test_invalid_combinations_are_config_errors_naming_the_key(overrides, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         tiny_config(**overrides)
+
+
+@pytest.mark.parametrize("scheme", ["alibi", "rope"])
+def test_alibi_or_rope_turns_learned_positions_off_as_in_llm_foundry(scheme):
+    with pytest.warns(UserWarning, match=f"{scheme} is on, so model.learned_pos_emb is set to false"):
+        config = tiny_config(learned_pos_emb=True, attn_config={scheme: True})
+    assert config.learned_pos_emb is False
+    assert not hasattr(MPTForCausalLM(config).transformer, "wpe")
+
+
+def test_legacy_llm_foundry_keys_that_change_nothing_are_accepted():
+    config = tiny_config(fc_type={"name": "torch"}, use_pad_tok_in_ffn=False, verbose=0, block_overrides=None)
+    assert not hasattr(config, "fc_type") and not hasattr(config, "block_overrides")
 
 
 def test_forward_backward_and_loss_ignores_minus_100():

@@ -11,6 +11,7 @@ runs on a CPU.
 from __future__ import annotations
 
 import dataclasses
+import typing
 import warnings
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -136,10 +137,19 @@ class MPTArch:
     def qkv_bias(self) -> bool:
         return (not self.no_bias) if self.attention_bias is None else self.attention_bias
 
-    def validate(self, prefix: str = "model") -> None:
-        """Raise ConfigError naming every inconsistent key (types are the schema validator's job)."""
+    def __post_init__(self) -> None:
+        # llm-foundry's rule: ALiBi and RoPE replace learned positions, so either one turns them off (released
+        # MPT configs say learned_pos_emb: true next to alibi: true, and mean a model without wpe).
+        a = self.attn_config
+        if isinstance(a, AttnConfig) and (a.alibi or a.rope) and self.learned_pos_emb:
+            scheme = "alibi" if a.alibi else "rope"
+            warnings.warn(f"model.attn_config.{scheme} is on, so model.learned_pos_emb is set to false", stacklevel=3)
+            self.learned_pos_emb = False
+
+    def check_settings(self, prefix: str = "model") -> list[str]:
+        """Every inconsistent key, one message each (called by the schema validator, and by validate())."""
         p, a, f = prefix, self.attn_config, self.ffn_config
-        problems = []
+        problems = _literal_problems(self, p)  # config.json values do not pass through the schema's type checks
         for key in ("d_model", "n_heads", "n_layers", "max_seq_len", "vocab_size"):
             if getattr(self, key) <= 0:
                 problems.append(f"{p}.{key}: must be positive, got {getattr(self, key)}")
@@ -152,6 +162,9 @@ class MPTArch:
                 problems.append(
                     f"{p}.attn_config.kv_n_heads: {a.kv_n_heads} must be a positive divisor of {p}.n_heads={self.n_heads}"
                 )
+        elif a.kv_n_heads != 1:
+            problems.append(f"{p}.attn_config.kv_n_heads: only used with attn_type: grouped_query_attention "
+                            f"(attn_type is {a.attn_type})")  # fmt: skip
         if a.alibi and a.rope:
             problems.append(f"{p}.attn_config.alibi and {p}.attn_config.rope: choose one positional scheme")
         if a.rope and self.head_size % 2:
@@ -174,11 +187,30 @@ class MPTArch:
                 problems.append(f"{p}.ffn_config.ffn_act_fn.name: '{name}' is not one of {', '.join(ACTIVATIONS)}")
         if self.init_config.name == "baseline_" and self.init_config.init_std is None:
             problems.append(f"{p}.init_config.init_std: required by init_config.name=baseline_")
+        return problems
+
+    def validate(self, prefix: str = "model") -> None:
+        """Raise ConfigError naming every inconsistent key."""
+        problems = self.check_settings(prefix)
         if problems:
             raise ConfigError.many(problems)
 
 
 ACTIVATIONS = ("gelu", "silu", "relu", "gelu_tanh")
+
+
+def _literal_problems(section: Any, prefix: str) -> list[str]:
+    """Values outside a Literal field's choices, in ``section`` and its nested sections."""
+    problems = []
+    hints = typing.get_type_hints(type(section))
+    for f in dataclasses.fields(section):
+        value, kind = getattr(section, f.name), hints[f.name]
+        if dataclasses.is_dataclass(value):
+            problems += _literal_problems(value, f"{prefix}.{f.name}")
+        elif typing.get_origin(kind) is Literal and value not in typing.get_args(kind):
+            choices = ", ".join(str(c) for c in typing.get_args(kind))
+            problems.append(f"{prefix}.{f.name}: '{value}' is not one of {choices}")
+    return problems
 
 
 # -- dict <-> dataclass helpers (also used by the schema-free paths: config.json, tests) ----------------------
@@ -215,9 +247,12 @@ class MPTConfig(PretrainedConfig):
 
     def __init__(self, **kwargs: Any):
         arch_values = {k: kwargs.pop(k) for k in list(kwargs) if k in ARCH_KEYS}
-        # llm-foundry configs saved with older keys: accept and drop the ones that never change the network.
-        for legacy in ("fc_type", "verbose", "use_pad_tok_in_ffn", "block_overrides"):
+        # llm-foundry configs saved with older keys: accept and drop the ones that never change the network's
+        # outputs (fc_type picks a Linear implementation; use_pad_tok_in_ffn only skips padding in the FFN).
+        for legacy in ("fc_type", "verbose", "use_pad_tok_in_ffn"):
             kwargs.pop(legacy, None)
+        if kwargs.pop("block_overrides", None):
+            raise ConfigError("model.block_overrides: per-block architecture overrides are not supported")
         arch = from_dict(MPTArch, arch_values, "model")
         arch.validate()
         for key, value in to_dict(arch).items():

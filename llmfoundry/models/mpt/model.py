@@ -102,15 +102,16 @@ class MPTModel(nn.Module):
 def _positions(B: int, T: int, past: int, attention_mask, sequence_id, device) -> torch.Tensor:
     """(B, T) position of each new token: counted from the first real token (left padding), and restarted at
     each packed document, so that a padded or packed sequence sees the positions it would see alone."""
+    if sequence_id is not None:  # packed training rows (no cache): a run of padding is a segment of its own
+        segment = sequence_id if attention_mask is None else sequence_id.masked_fill(attention_mask[:, -T:] == 0, -1)
+        idx = torch.arange(T, device=device).expand(B, T)
+        starts = torch.ones_like(segment, dtype=torch.bool)
+        starts[:, 1:] = segment[:, 1:] != segment[:, :-1]
+        segment_start = torch.where(starts, idx, torch.zeros_like(idx)).cummax(dim=-1).values
+        return idx - segment_start
     if attention_mask is not None and not bool(attention_mask.all()):
         positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, S)
         return positions[:, -T:]
-    if sequence_id is not None:
-        idx = torch.arange(T, device=device).expand(B, T)
-        starts = torch.ones_like(sequence_id, dtype=torch.bool)
-        starts[:, 1:] = sequence_id[:, 1:] != sequence_id[:, :-1]
-        doc_start = torch.where(starts, idx, torch.zeros_like(idx)).cummax(dim=-1).values
-        return idx - doc_start
     return torch.arange(past, past + T, device=device).expand(B, T)
 
 
