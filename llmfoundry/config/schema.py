@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from llmfoundry import registry
+from llmfoundry.config.checks import LogLevel, PositiveFloat, PositiveInt
 from llmfoundry.config.fields import option
 from llmfoundry.config.validate import Check, Component, Registered, RegisteredMap, to_plain, validate
 from llmfoundry.eval.config import GauntletConfig, ICLTaskConfig
@@ -46,7 +47,7 @@ class TrainConfig:
     # --- what to train ---
     model: Annotated[Component, Registered(registry.models)] = option(doc="the model: name + its settings")
     tokenizer: TokenizerConfig = option(doc="the tokenizer")
-    max_seq_len: int = option(doc="sequence length of training samples")
+    max_seq_len: PositiveInt = option(doc="sequence length of training samples")
     train_loader: Annotated[Component, Registered(registry.dataloaders)] = option(doc="training data loader")
     eval_loader: Annotated[Component, Registered(registry.dataloaders)] | None = option(
         None, "evaluation data loader (loss and perplexity every eval_interval)"
@@ -61,12 +62,12 @@ class TrainConfig:
     )
     # --- how long, how big ---
     max_duration: TimeString = option(doc="training length: e.g. 4800ba, 1ep, 2000000tok")
-    global_train_batch_size: int = option(doc="samples per optimizer step, summed over all ranks")
-    device_train_microbatch_size: int | Literal["auto"] = option(
+    global_train_batch_size: PositiveInt = option(doc="samples per optimizer step, summed over all ranks")
+    device_train_microbatch_size: PositiveInt | Literal["auto"] = option(
         "auto", "samples per forward/backward on one device; gradients accumulate up to the batch ('auto' = "
         "the whole per-device batch, halved on CUDA out-of-memory)"
     )
-    device_eval_batch_size: int = option(8, "samples per evaluation forward on one device")
+    device_eval_batch_size: PositiveInt = option(8, "samples per evaluation forward on one device")
     precision: Literal["fp32", "amp_bf16", "amp_fp16", "bf16"] = option(
         "fp32", "fp32; amp_bf16/amp_fp16 = autocast with fp32 weights; bf16 = weights and math in bf16"
     )
@@ -88,7 +89,7 @@ class TrainConfig:
         None, "shard the model with FSDP2 (fully_shard per block, then the root); none = DDP on several ranks"
     )
     compile_config: CompileConfig | None = option(None, "torch.compile each block ({} = defaults; none = eager)")
-    dist_timeout: float = option(600.0, "seconds to wait for other ranks before failing")
+    dist_timeout: PositiveFloat = option(600.0, "seconds to wait for other ranks before failing")
     # --- logging ---
     run_name: str | None = option(None, "name of the run (default: a timestamp)")
     callbacks: Annotated[dict, RegisteredMap(registry.callbacks)] = option(
@@ -100,7 +101,7 @@ class TrainConfig:
     progress_bar: bool = option(True, "show a progress bar")
     log_to_console: bool = option(True, "print metrics to the console")
     console_log_interval: TimeString = option("1ba", "how often to print metrics")
-    python_log_level: str | None = option(None, "level of Python logging for llmfoundry (debug, info, ...)")
+    python_log_level: LogLevel | None = option(None, "level of Python logging for llmfoundry (debug, info, ...)")
     # --- checkpoints ---
     save_folder: str | None = option(None, "where checkpoints go (local folder or s3://bucket/path)")
     save_interval: TimeString = option("1000ba", "how often to save a checkpoint")

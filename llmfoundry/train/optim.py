@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from llmfoundry.config.errors import ConfigError
+from llmfoundry.config.checks import Betas, NonNegativeFloat, PositiveFloat
 from llmfoundry.config.fields import option
 from llmfoundry.registry import optimizers
 
@@ -16,25 +17,25 @@ from llmfoundry.registry import optimizers
 @dataclass
 class ParamGroup:
     param_str_match: str = option(doc="regular expression; parameters whose names match join this group")
-    lr: float | None = option(None, "learning rate of the group (default: the optimizer's)")
-    weight_decay: float | None = option(None, "weight decay of the group (default: the optimizer's)")
+    lr: NonNegativeFloat | None = option(None, "learning rate of the group (default: the optimizer's)")
+    weight_decay: NonNegativeFloat | None = option(None, "weight decay of the group (default: the optimizer's)")
 
 
 @dataclass
 class AdamSettings:
-    lr: float = option(1e-4, "peak learning rate")
-    betas: list[float] = option([0.9, 0.95], "Adam beta1, beta2")
-    eps: float = option(1e-8, "Adam epsilon")
-    weight_decay: float = option(0.0, "weight decay")
+    lr: NonNegativeFloat = option(1e-4, "peak learning rate")
+    betas: Betas = option([0.9, 0.95], "Adam beta1, beta2")
+    eps: PositiveFloat = option(1e-8, "Adam epsilon")
+    weight_decay: NonNegativeFloat = option(0.0, "weight decay")
     param_groups: list[ParamGroup] = option(default_factory=list, doc="per-parameter-name overrides")
     disable_grad: str | list[str] | None = option(None, "regex (or list): matching parameters are frozen")
 
 
 @dataclass
 class LionSettings:
-    lr: float = option(1e-4, "peak learning rate")
-    betas: list[float] = option([0.9, 0.99], "Lion beta1 (update interpolation), beta2 (momentum decay)")
-    weight_decay: float = option(0.0, "decoupled weight decay")
+    lr: NonNegativeFloat = option(1e-4, "peak learning rate")
+    betas: Betas = option([0.9, 0.99], "Lion beta1 (update interpolation), beta2 (momentum decay)")
+    weight_decay: NonNegativeFloat = option(0.0, "decoupled weight decay")
     param_groups: list[ParamGroup] = option(default_factory=list, doc="per-parameter-name overrides")
     disable_grad: str | list[str] | None = option(None, "regex (or list): matching parameters are frozen")
 

@@ -9,6 +9,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from llmfoundry.config.checks import NonNegativeFloat
 from llmfoundry.config.fields import option
 from llmfoundry.registry import schedulers
 from llmfoundry.train.timeunits import Rates
@@ -20,21 +21,21 @@ Multiplier = Callable[[int], float]  # batch index -> lr multiplier
 class CosineSettings:
     t_warmup: str = option("0ba", "linear warmup length")
     t_max: str = option("1dur", "end of the cosine decay")
-    alpha_f: float = option(0.0, "final learning rate as a fraction of the peak")
+    alpha_f: NonNegativeFloat = option(0.0, "final learning rate as a fraction of the peak")
 
 
 @dataclass
 class LinearSettings:
     t_warmup: str = option("0ba", "linear warmup length")
     t_max: str = option("1dur", "end of the linear decay")
-    alpha_i: float = option(1.0, "multiplier at the end of warmup")
-    alpha_f: float = option(0.0, "final multiplier")
+    alpha_i: NonNegativeFloat = option(1.0, "multiplier at the end of warmup")
+    alpha_f: NonNegativeFloat = option(0.0, "final multiplier")
 
 
 @dataclass
 class ConstantSettings:
     t_warmup: str = option("0ba", "linear warmup length")
-    alpha: float = option(1.0, "multiplier after warmup")
+    alpha: NonNegativeFloat = option(1.0, "multiplier after warmup")
 
 
 @dataclass
@@ -42,7 +43,7 @@ class InvSqrtSettings:
     t_warmup: str = option("0ba", "linear warmup length")
     t_scale: str = option("1ba", "time scale of the 1/sqrt decay after warmup")
     t_cooldown: str = option("0ba", "linear cooldown to alpha_f at the end of training")
-    alpha_f: float = option(0.0, "final multiplier after cooldown")
+    alpha_f: NonNegativeFloat = option(0.0, "final multiplier after cooldown")
 
 
 def _warmup(step: int, warmup: int) -> float | None:

@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 from llmfoundry import registry
 from llmfoundry.config.errors import ConfigError
 from llmfoundry.config.schema import TrainConfig, to_plain
+from llmfoundry.data.text import check_token_ids
 from llmfoundry.train import checkpoint, dist, parallel, precision
 from llmfoundry.train.builders import (
     build_dataloader,
@@ -156,6 +157,9 @@ class Trainer:
             batches_per_epoch = len(self.train_loader)
         except TypeError:
             batches_per_epoch = None
+        if batches_per_epoch == 0:
+            raise ConfigError(f"train_loader: the dataset has fewer samples than one batch "
+                              f"({cfg.global_train_batch_size}); add data or lower global_train_batch_size")
         base = Rates(batches_per_epoch, cfg.global_train_batch_size, cfg.global_train_batch_size * cfg.max_seq_len)
         if Time.parse(cfg.max_duration).unit == "dur":
             raise ConfigError("max_duration: cannot be given in dur (use ba, ep, tok or sp)")
@@ -168,9 +172,9 @@ class Trainer:
             self.log_every = max(1, rates.to_batches(cfg.console_log_interval, "console_log_interval"))
         except ValueError as error:
             raise ConfigError(str(error)) from None
-        if batches_per_epoch == 0:
-            raise ConfigError(f"train_loader: the dataset has fewer samples than one batch "
-                              f"({cfg.global_train_batch_size}); add data or lower global_train_batch_size")
+        for key, every in (("eval_interval", self.eval_every), ("save_interval", self.save_every)):
+            if every < 1:
+                raise ConfigError(f"{key}: must be at least one batch, got '{getattr(cfg, key)}'")
         return rates
 
     def _resume(self) -> None:
@@ -257,7 +261,7 @@ class Trainer:
         for cb in self.callbacks:
             cb.on_batch_start(self)
         self.parallel_model.train()
-        self._check_token_ids(device_batch["input_ids"])
+        self._check_token_ids(device_batch)
         num_samples = device_batch["input_ids"].size(0)
         targets = dist.all_reduce_sum(count_target_tokens(device_batch["labels"]).float())
         while True:
@@ -347,11 +351,10 @@ class Trainer:
             inputs["sequence_id"] = batch["sequence_id"]
         return inputs
 
-    def _check_token_ids(self, input_ids: torch.Tensor) -> None:
-        if self.vocab_size is not None and int(input_ids.max()) >= self.vocab_size:
-            raise ConfigError(f"model.vocab_size: the data holds token id {int(input_ids.max())} but the model has "
-                              f"only {self.vocab_size} embeddings (raise model.vocab_size to at least "
-                              f"{len(self.tokenizer)} or re-tokenize the data with this tokenizer)")
+    def _check_token_ids(self, batch: dict[str, torch.Tensor]) -> None:
+        """A token id the embedding cannot look up is a data/model mismatch, not an IndexError deep in a kernel."""
+        if self.vocab_size is not None:
+            check_token_ids(batch, self.vocab_size)
 
     @torch.no_grad()
     def evaluate(self, log: bool = True) -> dict[str, float]:
@@ -379,6 +382,7 @@ class Trainer:
             if 0 <= self.cfg.eval_subset_num_batches <= i:
                 break
             batch = {k: v.to(self.device) for k, v in batch.items()}
+            self._check_token_ids(batch)
             with precision.autocast(self.cfg.precision, self.device):
                 logits = self.model(**self._model_inputs(batch)).logits
             loss_sum += causal_lm_loss_sum(logits, batch["labels"]).double()

@@ -86,3 +86,20 @@ def test_invalid_yaml_reports_file_and_line(tmp_path):
 def test_unresolvable_interpolation_names_the_key(recipe):
     with pytest.raises(ConfigError, match="cannot resolve interpolation"):
         load_config(recipe, ["model.n_layers=${variables.missing}"])
+
+
+def test_values_out_of_range_are_all_reported_before_anything_is_built():
+    """The quickstart recipe with several impossible values: one error listing each key, raised by validation."""
+    from pathlib import Path
+
+    from llmfoundry.config.schema import TrainConfig, validate
+
+    recipe = Path(__file__).resolve().parents[2] / "yamls" / "quickstart.yaml"
+    overrides = ["optimizer.lr=-1", "optimizer.betas=[0.9,1.5]", "scheduler.alpha_f=-2", "max_seq_len=0",
+                 "python_log_level=bogus", "device_train_microbatch_size=0", "model.d_model=130"]  # fmt: skip
+    with pytest.raises(ConfigError) as error:
+        validate(load_config(recipe, overrides), TrainConfig)
+    message = str(error.value)
+    for key in ("optimizer.lr", "optimizer.betas", "scheduler.alpha_f", "max_seq_len:", "python_log_level",
+                "device_train_microbatch_size", "model.d_model: 130 is not divisible by model.n_heads=4"):
+        assert key in message, key

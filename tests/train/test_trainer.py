@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
+from llmfoundry.config.errors import ConfigError
 from llmfoundry.config.schema import TrainConfig, validate
 from llmfoundry.train.trainer import Trainer
 
@@ -64,10 +66,6 @@ def test_resume_from_load_path_continues_bitwise_identically(recipe, tmp_path):
 
 
 def test_loading_a_checkpoint_of_another_architecture_is_a_one_line_error(recipe, tmp_path):
-    import pytest
-
-    from llmfoundry.config.errors import ConfigError
-
     no_bias = recipe()["model"] | {"no_bias": True}
     saved = make_trainer(recipe(model=no_bias, eval_loader=None, max_duration="2ba", save_folder=str(tmp_path / "a"),
                                 save_interval="2ba"))
@@ -137,3 +135,30 @@ def test_icl_tasks_and_gauntlet_run_at_each_evaluation(recipe, tmp_path, capsys)
     assert abs(logged[4]["icl/gauntlet/code"] - expected) < 1e-9
     out = capsys.readouterr().out
     assert "| code |" in out  # the gauntlet table ends the run
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"eval_interval": "0ba"}, "eval_interval: must be at least one batch, got '0ba'"),
+    ({"save_interval": "0.0dur"}, "save_interval: must be at least one batch, got '0.0dur'"),
+    ({"global_train_batch_size": 4096, "device_train_microbatch_size": 8},
+     "train_loader: the dataset has fewer samples than one batch (4096)"),
+])  # fmt: skip
+def test_durations_that_cannot_work_are_one_line_errors(recipe, overrides, message):
+    with pytest.raises(ConfigError) as error:
+        make_trainer(recipe(**overrides))
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_eval_data_the_model_cannot_embed_is_a_one_line_error(recipe, tmp_path):
+    import numpy as np
+
+    from llmfoundry.data.streaming_guard import import_streaming
+
+    # Eval shards tokenized with a larger vocabulary than the model's 512 embeddings.
+    with import_streaming().MDSWriter(out=str(tmp_path / "val"), columns={"tokens": "ndarray:uint16"}) as writer:
+        for _ in range(8):
+            writer.write({"tokens": np.arange(540, 604, dtype=np.uint16)})
+    cfg = recipe(eval_first=True, max_duration="1ba")
+    cfg["eval_loader"]["dataset"]["local"] = str(tmp_path)
+    with pytest.raises(ConfigError, match=r"data holds token id 603 .* set model.vocab_size >= 604"):
+        make_trainer(cfg).fit()
