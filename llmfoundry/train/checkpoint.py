@@ -20,6 +20,7 @@ import os
 import random
 import re
 import shutil
+import uuid
 import warnings
 from pathlib import Path
 from typing import Any
@@ -276,21 +277,31 @@ class Checkpointer:
         if not self.remote:
             return str(save_checkpoint(self.save_folder, name, overwrite=self.overwrite, keep=self.keep, **kwargs))
         staged = save_checkpoint(self.staging, name, overwrite=True, publish=False, **kwargs)
-        self.uploader.submit(remote.UploadJob(name, staged, dist.world_size(), self.keep))
+        attempt = dist.broadcast_object(uuid.uuid4().hex[:12] if dist.rank() == 0 else None)
+        self.uploader.submit(remote.UploadJob(name, staged, dist.world_size(), self.keep, attempt))
         return f"{self.save_folder.rstrip('/')}/{name}"
 
     def check_can_write(self, resuming: bool) -> None:
-        """Fail up front (not in the middle of training) when an s3:// save_folder would be overwritten."""
+        """Fail up front, not at the first save in the middle of training, when save_folder would overwrite
+        another run's checkpoints or (s3://) cannot be reached."""
         from llmfoundry.train import remote
 
-        if not self.remote or self.overwrite or resuming:
+        if not self.save_folder:
             return
         problem = None
         if dist.rank() == 0:
-            existing = remote.RemoteFolder(self.save_folder).complete_checkpoints()
-            if existing:
-                problem = (f"save_folder: '{self.save_folder}' already holds checkpoints ({existing[-1]}); set "
-                           "autoresume: true to continue, save_overwrite: true, or choose another save_folder")
+            try:
+                if self.remote:
+                    existing = remote.RemoteFolder(self.save_folder).complete_checkpoints()
+                else:
+                    existing = [p.name for p in list_checkpoints(self.save_folder)]
+                if existing and not (self.overwrite or resuming):
+                    problem = (f"save_folder: '{self.save_folder}' already holds checkpoints ({existing[-1]}); set "
+                               "autoresume: true to continue, save_overwrite: true, or choose another save_folder")
+            except ConfigError as error:
+                problem = str(error)
+            except Exception as error:  # noqa: BLE001 - boto raises many types; all mean "cannot use this folder"
+                problem = str(remote.explain(error, self.save_folder, "save_folder"))
         if (problem := dist.broadcast_object(problem)) is not None:
             raise ConfigError(problem)
 
@@ -315,7 +326,15 @@ class Checkpointer:
             return str(path) if path is not None else None
         from llmfoundry.train import remote
 
-        name = dist.broadcast_object(remote.RemoteFolder(self.save_folder).latest() if dist.rank() == 0 else None)
+        found = None
+        if dist.rank() == 0:
+            try:
+                found = ("ok", remote.RemoteFolder(self.save_folder).latest())
+            except Exception as error:  # noqa: BLE001 - boto's errors: no such bucket, unreachable endpoint, ...
+                found = ("error", str(remote.explain(error, self.save_folder, "save_folder")))
+        status, name = dist.broadcast_object(found)
+        if status == "error":
+            raise ConfigError(name)
         if name is None:
             return None
         return fetch(self.save_folder, name, self.staging)
@@ -353,6 +372,8 @@ def resolve_load_path(path: str, staging: Path) -> str:
             found = (folder.url, name)
         except ConfigError as error:
             found = str(error)
+        except Exception as error:  # noqa: BLE001 - boto's errors: no such bucket, unreachable endpoint, ...
+            found = str(remote.explain(error, path, "load_path"))
     found = dist.broadcast_object(found)
     if isinstance(found, str):
         raise ConfigError(found)

@@ -3,7 +3,7 @@
 Layout under the save_folder prefix::
 
     s3://bucket/prefix/ep0-ba100/...            the files of one checkpoint (same as a local checkpoint folder)
-    s3://bucket/prefix/ep0-ba100/.uploaded/rank{r}   rank r has uploaded every file it wrote
+    s3://bucket/prefix/ep0-ba100/.uploaded/{attempt}/rank{r}   rank r has uploaded every file it wrote
     s3://bucket/prefix/ep0-ba100/.complete      uploaded last, by rank 0, once every rank's marker is there
     s3://bucket/prefix/latest                   the name of the newest complete checkpoint (written after .complete)
 
@@ -11,7 +11,8 @@ Every rank writes its part of a checkpoint into a local staging folder and hands
 :class:`Uploader`, a background thread that uploads the files this rank wrote (its DCP shard and ``rank{r}.pt``;
 rank 0 also the metadata, config and tokenizer). A failed request is retried with exponential backoff until the
 upload's deadline, so training continues while the store is unreachable. A checkpoint without ``.complete`` is
-never loaded and never named by ``latest``.
+never loaded and never named by ``latest``. The per-rank markers sit under an id of the save attempt, so the
+markers a killed run left behind cannot make a later save of the same checkpoint name look finished early.
 """
 
 from __future__ import annotations
@@ -67,9 +68,28 @@ def client():
     return boto3.session.Session().client("s3", endpoint_url=endpoint, config=config)
 
 
+def _error_code(error: Exception) -> str:
+    return str(getattr(error, "response", {}).get("Error", {}).get("Code", ""))
+
+
 def _is_missing(error: Exception) -> bool:
-    code = getattr(error, "response", {}).get("Error", {}).get("Code", "")
-    return code in ("404", "NoSuchKey", "NotFound", "NoSuchBucket")
+    return _error_code(error) in ("404", "NoSuchKey", "NotFound", "NoSuchBucket")
+
+
+def explain(error: Exception, url: str, key: str) -> ConfigError:
+    """A one-line ConfigError for an object-store error met while setting up (not while uploading)."""
+    code = _error_code(error)
+    bucket = split_url(url)[0]
+    endpoint = os.environ.get("S3_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3") or "AWS S3"
+    if code == "NoSuchBucket":
+        return ConfigError(f"{key}: bucket '{bucket}' does not exist at {endpoint} (create it, or check the name "
+                           "and S3_ENDPOINT_URL)")
+    if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+        return ConfigError(f"{key}: access to '{url}' was refused ({code}); check AWS_ACCESS_KEY_ID / "
+                           "AWS_SECRET_ACCESS_KEY and the bucket's permissions")
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return ConfigError(f"{key}: cannot reach '{url}' at {endpoint} ({first}); check S3_ENDPOINT_URL and the "
+                       "network")
 
 
 @dataclass
@@ -211,6 +231,7 @@ class UploadJob:
     staged: Path
     world_size: int
     keep: int  # save_num_checkpoints_to_keep (<= 0 = all)
+    attempt: str  # the same on every rank for one save; names the folder of this save's .uploaded markers
 
 
 class Uploader:
@@ -282,7 +303,7 @@ class Uploader:
         for path in files:
             key = self.folder.key(job.name, path.relative_to(job.staged).as_posix())
             retry.call(lambda: s3.upload_file(str(path), bucket, key))
-        marker = self.folder.key(job.name, UPLOADED, f"rank{self.rank}")
+        marker = self.folder.key(job.name, UPLOADED, job.attempt, f"rank{self.rank}")
         retry.call(lambda: s3.put_object(Bucket=bucket, Key=marker, Body=b""))
         for path in files:
             if self.rank != 0:
@@ -293,7 +314,8 @@ class Uploader:
         expected = {f"rank{r}" for r in range(job.world_size)}
         wait = self.initial_backoff_s
         while True:
-            done = retry.call(lambda: {k.rsplit("/", 1)[1] for k in self.folder.list_keys(job.name, UPLOADED)})
+            done = retry.call(lambda: {k.rsplit("/", 1)[1]
+                                       for k in self.folder.list_keys(job.name, UPLOADED, job.attempt)})
             if expected <= done:
                 break
             if time.monotonic() > deadline:

@@ -131,3 +131,43 @@ def test_an_incomplete_s3_checkpoint_is_never_latest(recipe, s3_server, tmp_path
     trainer = make_trainer(recipe(eval_loader=None, max_duration="3ba", save_folder=url, autoresume=True,
                                   save_interval="3ba", checkpoint_upload={"staging_folder": str(tmp_path / "t")}))
     assert trainer.time.batch == 2
+
+
+def test_an_s3_save_folder_that_cannot_be_used_is_a_one_line_error_before_training(recipe, s3_server,
+                                                                                    monkeypatch):
+    from llmfoundry.config.errors import ConfigError
+
+    with pytest.raises(ConfigError) as error:
+        make_trainer(recipe(eval_loader=None, save_folder="s3://no-such-bucket/run"))
+    assert "save_folder: bucket 'no-such-bucket' does not exist" in str(error.value)
+
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    monkeypatch.setenv("S3_ENDPOINT_URL", closed)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", closed)
+    with pytest.raises(ConfigError) as error:
+        make_trainer(recipe(eval_loader=None, save_folder=f"s3://{BUCKET}/run"))
+    message = str(error.value)
+    assert message.startswith(f"save_folder: cannot reach 's3://{BUCKET}/run' at {closed}") and "\n" not in message
+
+
+def test_markers_left_by_a_killed_upload_do_not_complete_a_new_save_early(s3_server, tmp_path):
+    """A run killed while uploading ep0-ba2 left rank 1's marker behind; the retry of ep0-ba2 on 2 ranks must
+    wait for rank 1's new upload, not take the old marker for it."""
+    url = f"s3://{BUCKET}/runs/killed"
+    s3 = boto3.client("s3", endpoint_url=s3_server)
+    for stale in ("runs/killed/ep0-ba2/.uploaded/rank1", "runs/killed/ep0-ba2/.uploaded/0123456789ab/rank1"):
+        s3.put_object(Bucket=BUCKET, Key=stale, Body=b"")
+    staged = tmp_path / "ep0-ba2"
+    staged.mkdir()
+    (staged / ".metadata").write_bytes(b"m")
+    (staged / "__0_0.distcp").write_bytes(b"rank 0's shard")
+    uploader = remote.Uploader(url, rank=0, timeout_s=3, initial_backoff_s=0.1, max_backoff_s=0.2)
+    uploader.submit(remote.UploadJob("ep0-ba2", staged, world_size=2, keep=-1, attempt="fedcba987654"))
+    assert uploader.close(timeout_s=30)
+    assert uploader.failed == ["ep0-ba2"]  # rank 1 never uploaded in this attempt: not complete
+    assert "runs/killed/ep0-ba2/.complete" not in keys("runs/killed/")
+    assert remote.RemoteFolder(url).latest() is None

@@ -162,3 +162,14 @@ def test_eval_data_the_model_cannot_embed_is_a_one_line_error(recipe, tmp_path):
     cfg["eval_loader"]["dataset"]["local"] = str(tmp_path)
     with pytest.raises(ConfigError, match=r"data holds token id 603 .* set model.vocab_size >= 604"):
         make_trainer(cfg).fit()
+
+
+def test_a_save_folder_holding_another_runs_checkpoints_is_refused_before_training(recipe, tmp_path):
+    folder = tmp_path / "run"
+    make_trainer(recipe(eval_loader=None, max_duration="2ba", save_folder=str(folder), save_interval="2ba")).fit()
+    with pytest.raises(ConfigError, match="save_folder: .* already holds checkpoints \\(ep0-ba2\\); set autoresume"):
+        make_trainer(recipe(eval_loader=None, max_duration="4ba", save_folder=str(folder), save_interval="4ba"))
+    # save_overwrite and autoresume are the two ways to use it anyway
+    make_trainer(recipe(eval_loader=None, max_duration="2ba", save_folder=str(folder), save_overwrite=True))
+    assert make_trainer(recipe(eval_loader=None, max_duration="4ba", save_folder=str(folder),
+                               autoresume=True)).time.batch == 2
