@@ -101,7 +101,7 @@ def mixed_precision_policy(cfg: FSDPConfig, precision: str):
                 raise ConfigError(f"fsdp_config.mixed_precision.{key}: '{value}' is not a dtype "
                                   "(use fp32, bf16 or fp16)")
             dtypes[key] = DTYPES[value]
-        # FSDP2 keeps buffers as they are; buffer_dtype is accepted for llm-foundry recipes.
+        # FSDP2 casts parameters, never buffers: buffer_dtype is accepted for llm-foundry recipes (documented).
         return MixedPrecisionPolicy(param_dtype=dtypes.get("param_dtype"), reduce_dtype=dtypes.get("reduce_dtype"))
     if mp == "FULL" or low is None:
         return MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
@@ -184,6 +184,9 @@ def parallelize(model: nn.Module, *, fsdp: FSDPConfig | None, compile_cfg: Compi
     With FSDP2 the returned module *is* ``model`` (sharded in place); with DDP it wraps ``model``.
     """
     blocks = blocks_of(model)
+    if fsdp is not None and fsdp.cpu_offload and device.type != "cuda":
+        raise ConfigError(f"fsdp_config.cpu_offload: offloads GPU memory to the CPU; this run is on {device.type} "
+                          "(set it to false)")
     if fsdp is not None and fsdp.activation_checkpointing:
         if not blocks:
             raise ConfigError("fsdp_config.activation_checkpointing: the model has no blocks() to checkpoint "

@@ -30,7 +30,8 @@ class FSDPConfig:
         "DEFAULT",
         "PURE = params and gradient reduction in the precision's low dtype; DEFAULT = params in the low dtype, "
         "reduction in fp32; FULL = fp32 throughout; or a mapping {param_dtype, reduce_dtype, buffer_dtype} of "
-        "fp32/bf16/fp16 (the low dtype comes from `precision`: bf16 for amp_bf16/bf16, fp16 for amp_fp16)",
+        "fp32/bf16/fp16 (the low dtype comes from `precision`: bf16 for amp_bf16/bf16, fp16 for amp_fp16); "
+        "buffer_dtype has no FSDP2 meaning (buffers keep their dtype) and is accepted for llm-foundry recipes",
     )
     activation_checkpointing: bool = option(False, "recompute each block's activations in backward")
     activation_checkpointing_reentrant: bool = option(

@@ -173,3 +173,8 @@ def test_a_save_folder_holding_another_runs_checkpoints_is_refused_before_traini
     make_trainer(recipe(eval_loader=None, max_duration="2ba", save_folder=str(folder), save_overwrite=True))
     assert make_trainer(recipe(eval_loader=None, max_duration="4ba", save_folder=str(folder),
                                autoresume=True)).time.batch == 2
+
+
+def test_fsdp_cpu_offload_on_a_cpu_run_is_a_one_line_error(recipe):
+    with pytest.raises(ConfigError, match="fsdp_config.cpu_offload: offloads GPU memory to the CPU; this run is on cpu"):
+        make_trainer(recipe(fsdp_config={"cpu_offload": True}))
