@@ -50,13 +50,35 @@ def test_ties_go_to_the_first_choice():
 
 
 def test_generation_answers_are_cut_at_stop_strings_and_normalised():
-    assert normalize_answer("The  Eiffel-Tower!") == "eiffeltower"
+    assert normalize_answer("The  Eiffel-Tower!") == "eiffel tower"
     assert generation_correct(" Paris\nQ: next", ["paris"], stop_strings=["\n"])
     assert not generation_correct(" Lyon, not Paris", ["paris"])
     assert generation_correct(" the Paris.", ["Paris"])  # articles and punctuation dropped
     assert not generation_correct(" the Paris.", ["Paris"], normalize=False)
     assert generation_correct("3 plus 4 is 7. #### 7", ["7"], cot_delimiter=" #### ")
     assert not generation_correct("3 plus 4 is 7. #### 8", ["7"], cot_delimiter=" #### ")
+
+
+@pytest.mark.parametrize("text, expected", [
+    # llm-foundry (TriviaQA script): underscore -> space, lowercase, each punctuation char -> space,
+    # articles -> space, whitespace collapsed, stripped
+    ("The  Eiffel-Tower!", "eiffel tower"),
+    ("don't", "don t"),
+    ("U.S.A.", "u s"),  # "u s a": the trailing "a" is a whole word, an article
+    ("snake_case", "snake case"),
+    ("\u2018Quoted\u2019 answer\u00b4s", "quoted answer s"),
+    ("A.I.", "i"),  # "a i" -> the article "a" goes
+    ("An apple, the theatre", "apple theatre"),  # articles only as whole words
+    ("  Paris\n", "paris"),
+])
+def test_normalize_answer_matches_llm_foundry_by_hand(text, expected):
+    assert normalize_answer(text) == expected
+
+
+def test_punctuation_separates_words_when_matching_answers():
+    assert generation_correct(" Eiffel Tower, Paris", ["Eiffel-Tower"])  # "eiffel tower paris" starts with it
+    assert not generation_correct(" dont know", ["don't"])  # "dont know" vs "don t"
+    assert generation_correct(" don't know", ["don't"])
 
 
 class BigramLM(torch.nn.Module):

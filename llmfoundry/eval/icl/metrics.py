@@ -57,13 +57,16 @@ def length_normalised_choice(scores: list[SequenceScore], choice_texts: list[str
 
 CHOICE_RULES = {"accuracy": mean_token_choice, "acc": summed_logprob_choice, "acc_norm": length_normalised_choice}
 
-_PUNCTUATION = set(string.punctuation + "‘’´`_")
+# llm-foundry's set (TriviaQA's evaluation script): ASCII punctuation plus typographic quotes and accents.
+_PUNCTUATION = frozenset(string.punctuation + "‘’´`")
 
 
 def normalize_answer(text: str) -> str:
-    """Lowercase, drop punctuation and the articles a/an/the, collapse whitespace (SQuAD-style, as llm-foundry)."""
+    """llm-foundry's (TriviaQA's) answer normalisation, step for step: underscores become spaces, lowercase,
+    every punctuation character becomes a space (so ``Eiffel-Tower`` -> ``eiffel tower``), the articles a/an/the
+    become spaces, runs of whitespace collapse to one space, and the ends are stripped."""
     text = text.replace("_", " ").lower()
-    text = "".join(ch for ch in text if ch not in _PUNCTUATION)
+    text = "".join(" " if ch in _PUNCTUATION else ch for ch in text)
     text = re.sub(r"\b(a|an|the)\b", " ", text)
     return " ".join(text.split())
 
