@@ -49,6 +49,9 @@ def main(argv: list[str]) -> int:
 
             raise ConfigError(f"-n: {args.nproc} processes (use 1 or more)")
         if args.nproc > 1:
+            from llmfoundry.train.trainer import device_batch_size
+
+            device_batch_size(cfg.global_train_batch_size, args.nproc)  # once here, not once per spawned rank
             return subprocess.call(torchrun_command(args.nproc, args.recipe, args.overrides))
     if cfg.python_log_level:
         logging.basicConfig(level=cfg.python_log_level.upper(), format="%(asctime)s %(name)s: %(message)s")

@@ -33,6 +33,14 @@ def test_every_problem_is_reported_at_once():
     assert "Traceback" not in result.stderr
 
 
+def test_a_batch_that_does_not_split_across_n_processes_fails_before_any_is_started():
+    result = run("llmfoundry", "train", "-n", "2", "yamls/quickstart.yaml", "global_train_batch_size=5",
+                 "prepare_data.folder=/nonexistent/never-prepared")  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.strip() == ("error: global_train_batch_size: 5 does not divide across 2 ranks "
+                                     "(use a multiple of 2)")
+
+
 def test_missing_recipe_is_a_clear_error():
     result = run("llmfoundry", "train", "yamls/no_such_recipe.yaml")
     assert result.returncode == 2
