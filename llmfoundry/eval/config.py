@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import yaml
 
-from llmfoundry.config.errors import ConfigError
+from llmfoundry.config.errors import ConfigError, did_you_mean
 from llmfoundry.config.fields import option
 
 TASK_TYPES = ("language_modeling", "multiple_choice", "schema", "generation_task_with_answers", "code_evaluation")
@@ -59,7 +59,13 @@ class ICLTaskConfig:
 class GauntletBenchmark:
     name: str = option(doc="an icl_tasks label")
     num_fewshot: int = option(doc="which of the task's num_fewshot runs counts")
-    random_baseline: float = option(0.0, "accuracy of random guessing on the benchmark")
+    random_baseline: float = option(0.0, "accuracy of random guessing on the benchmark (0 <= x < 1)")
+
+    def check_settings(self, path: str) -> list[str]:
+        if not 0.0 <= self.random_baseline < 1.0:
+            return [f"{path}.random_baseline: must be at least 0 and below 1 (a benchmark's score is divided by "
+                    f"1 - random_baseline), got {self.random_baseline} for {self.name}"]
+        return []
 
 
 @dataclass
@@ -76,9 +82,35 @@ class GauntletConfig:
     subtract_random_baseline: bool = option(True, "subtract each benchmark's random_baseline from its accuracy")
     rescale_accuracy: bool = option(True, "divide by (1 - random_baseline) after subtracting it")
     categories: list[GauntletCategory] = option([], "categories of benchmarks")
-    averages: dict[str, list[str]] = option({}, "named averages over categories, e.g. core_average: [...]")
+    averages: dict[str, list[str]] | None = option(
+        None, "named averages over categories, e.g. core_average: [...] (none = default_average over all categories)"
+    )
     metric: str = option("accuracy", "which per-task metric feeds the gauntlet: accuracy, acc or acc_norm")
-    destination_dir: str | None = option(None, "accepted for llm-foundry compatibility (unused)")
+    destination_dir: str | None = option(
+        None, "llm-foundry's download folder", unsupported="destination_dir (task files are read in place)"
+    )
+
+    def check_settings(self, path: str) -> list[str]:
+        """llm-foundry's rules: rescaling needs the baseline subtracted; average and category names do not overlap.
+        Also: category names are unique and an average names only categories that exist (a typo is an error)."""
+        problems = []
+        where = f"{path}." if path else ""
+        if self.rescale_accuracy and not self.subtract_random_baseline:
+            problems.append(f"{where}rescale_accuracy: needs subtract_random_baseline: true (set rescale_accuracy: "
+                            "false to keep raw accuracies)")
+        names = [c.name for c in self.categories]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            problems.append(f"{where}categories: category names must be unique; repeated: {', '.join(repeated)}")
+        for avg_name, members in (self.averages or {}).items():
+            if avg_name in names:
+                problems.append(f"{where}averages.{avg_name}: '{avg_name}' is also a category name; average names "
+                                "and category names must not overlap")
+            for member in members:
+                if member not in names:
+                    problems.append(f"{where}averages.{avg_name}: '{member}' is not a category of the gauntlet"
+                                    f"{did_you_mean(member, names)}")
+        return problems
 
 
 @dataclass

@@ -3,9 +3,10 @@
 For each category, each benchmark's score is its accuracy (``icl/{name}/{num_fewshot}-shot/{metric}``), minus
 its ``random_baseline`` when ``subtract_random_baseline``, divided by ``1 - random_baseline`` when also
 ``rescale_accuracy``. The category score is the weighted mean of its benchmarks' scores, with weights 1 (EQUAL),
-the number of examples (SAMPLE_SZ) or ``max(log2(number of examples), 1)`` (LOG_SAMPLE_SZ). A category with a
-missing benchmark is left out (with a warning), as llm-foundry does; an average is taken over the categories it
-names that are present (with a warning when some are not) and is left out when none is.
+the number of examples (SAMPLE_SZ) or ``max(log2(number of examples), 1)`` (LOG_SAMPLE_SZ). As in llm-foundry:
+a category with a missing benchmark is left out (with a warning); an average is the plain mean of the categories
+it names that are present, and 0 when none is; without ``averages`` there is one, ``default_average``, over all
+categories.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from llmfoundry.eval.config import GauntletConfig, load_gauntlet
 log = logging.getLogger(__name__)
 
 PREFIX = "icl/gauntlet"
+DEFAULT_AVERAGE = "default_average"  # llm-foundry's name for the average when the gauntlet names none
 
 
 def _weight(weighting: str, count: int | None, name: str) -> float:
@@ -45,6 +47,8 @@ def compute_gauntlet(
     """
     cfg = load_gauntlet(gauntlet_cfg)
     assert cfg is not None
+    if not any(k.startswith("icl/") and not k.startswith(PREFIX + "/") for k in metrics):
+        return {}  # nothing was evaluated (llm-foundry reports no gauntlet then)
     scores: dict[str, float] = {}
     for category in cfg.categories:
         parts = []
@@ -70,7 +74,8 @@ def compute_gauntlet(
         total = sum(w for _, w in parts)
         scores[category.name] = sum(s * w for s, w in parts) / total
     out = {f"{PREFIX}/{name}": value for name, value in scores.items()}
-    for avg_name, names in cfg.averages.items():
+    averages = cfg.averages if cfg.averages is not None else {DEFAULT_AVERAGE: [c.name for c in cfg.categories]}
+    for avg_name, names in averages.items():
         present = [n for n in names if n in scores]
         if len(present) < len(names):
             log.warning(
@@ -78,8 +83,8 @@ def compute_gauntlet(
                 avg_name,
                 ", ".join(n for n in names if n not in scores),
             )
-        if present:
-            out[f"{PREFIX}/{avg_name}"] = sum(scores[n] for n in present) / len(present)
+        # llm-foundry reports 0 for an average none of whose categories is present
+        out[f"{PREFIX}/{avg_name}"] = sum(scores[n] for n in present) / len(present) if present else 0.0
     return out
 
 

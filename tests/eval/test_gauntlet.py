@@ -54,8 +54,8 @@ def test_sample_size_weightings():
 
 
 def test_baseline_switches_and_metric_choice():
-    raw = compute_gauntlet(METRICS, {**GAUNTLET, "subtract_random_baseline": False})
-    assert raw["icl/gauntlet/reading"] == pytest.approx(0.7)  # rescale needs subtraction
+    raw = compute_gauntlet(METRICS, {**GAUNTLET, "subtract_random_baseline": False, "rescale_accuracy": False})
+    assert raw["icl/gauntlet/reading"] == pytest.approx(0.7)
     sub = compute_gauntlet(METRICS, {**GAUNTLET, "rescale_accuracy": False})
     assert sub["icl/gauntlet/reading"] == pytest.approx(0.2)
     acc = compute_gauntlet({**METRICS, "icl/trivia/0-shot/acc": 0.1}, {**GAUNTLET, "metric": "acc"})
@@ -94,3 +94,38 @@ def test_tables_render_as_markdown():
     g = gauntlet_table({"m1": compute_gauntlet(METRICS, GAUNTLET), "m2": {}})
     assert g.splitlines()[0] == "| category | m1 | m2 |"
     assert markdown_table([{"a": 1}], ["a"]) == "| a |\n|:---|\n| 1 |"
+
+
+def test_without_averages_there_is_llm_foundrys_default_average():
+    no_avg = {k: v for k, v in GAUNTLET.items() if k != "averages"}
+    out = compute_gauntlet(METRICS, no_avg)
+    arc = (0.55 - 0.25) / 0.75
+    knowledge, reading = (arc + 0.2) / 2, 0.4
+    # over every category that has a score (missing_one is left out)
+    assert out["icl/gauntlet/default_average"] == pytest.approx((knowledge + reading) / 2)
+    assert compute_gauntlet(METRICS, {**no_avg, "averages": {}}) == {  # an explicit empty mapping: no average
+        "icl/gauntlet/knowledge": pytest.approx(knowledge), "icl/gauntlet/reading": pytest.approx(reading)}
+
+
+def test_an_average_whose_categories_are_all_missing_is_zero():
+    out = compute_gauntlet(METRICS, {**GAUNTLET, "averages": {"gone": ["missing_one"]}})
+    assert out["icl/gauntlet/gone"] == 0.0  # llm-foundry reports 0
+    assert compute_gauntlet({}, GAUNTLET) == {}  # nothing evaluated: no gauntlet at all
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"averages": {"reading": ["knowledge"]}}, "averages.reading: 'reading' is also a category name"),
+    ({"averages": {"core": ["knowldge"]}}, "averages.core: 'knowldge' is not a category of the gauntlet (did you "
+                                           "mean 'knowledge'?)"),
+    ({"subtract_random_baseline": False}, "rescale_accuracy: needs subtract_random_baseline: true"),
+    ({"categories": [{"name": "r", "benchmarks": [{"name": "boolq", "num_fewshot": 0, "random_baseline": 1.0}]}],
+      "averages": None}, "eval_gauntlet.categories[0].benchmarks[0].random_baseline: must be at least 0 and below 1"),
+    ({"categories": [{"name": "r", "benchmarks": [{"name": "boolq", "num_fewshot": 0, "random_baseline": -0.1}]}],
+      "averages": None}, "random_baseline: must be at least 0 and below 1"),
+])  # fmt: skip
+def test_bad_gauntlets_are_one_line_config_errors(change, message):
+    from llmfoundry.config.errors import ConfigError
+
+    with pytest.raises(ConfigError) as error:
+        compute_gauntlet(METRICS, {**GAUNTLET, **change})
+    assert message in str(error.value) and "\n" not in str(error.value)
