@@ -239,12 +239,39 @@ def export_hf(model: nn.Module, tokenizer, out_dir: str | Path, dtype: str = "fp
 
 # -- import -------------------------------------------------------------------------------------------------
 
+def _mpt_options_transformers_drops(config, attn) -> list[str]:
+    """Options of an llm-foundry-style MPT config.json that transformers' MptForCausalLM silently ignores (it is
+    always ALiBi, multi-head, bias-free, LayerNorm, GELU MLP of width 4 * d_model)."""
+    ffn = getattr(config, "ffn_config", None) or {}
+    checks = [
+        ("no_bias", getattr(config, "no_bias", True), True),
+        ("expansion_ratio", getattr(config, "expansion_ratio", 4), 4),
+        ("logit_scale", getattr(config, "logit_scale", None), None),
+        ("attn_config.alibi", attn("alibi", True), True),
+        ("attn_config.attn_type", attn("attn_type", "multihead_attention"), "multihead_attention"),
+        ("attn_config.qk_ln", attn("qk_ln", False), False),
+        ("attn_config.qk_gn", attn("qk_gn", False), False),
+        ("attn_config.prefix_lm", attn("prefix_lm", False), False),
+        ("attn_config.rope", attn("rope", False), False),
+        ("ffn_config.ffn_type", ffn.get("ffn_type", "mptmlp") if isinstance(ffn, dict) else "mptmlp", "mptmlp"),
+    ]
+    lost = [f"{key}: {value}" for key, value, expected in checks if value != expected]
+    if getattr(config, "norm_type", "low_precision_layernorm") not in ("layernorm", "low_precision_layernorm"):
+        lost.append(f"norm_type: {config.norm_type}")
+    return lost
+
+
 def arch_from_transformers(config) -> MPTArch:
     """The MPT architecture equivalent to a transformers MptConfig or LlamaConfig (ConfigError otherwise)."""
     kind = getattr(config, "model_type", None)
     if kind == "mpt":
         a = config.attn_config
         get = (lambda k, d=None: a.get(k, d)) if isinstance(a, dict) else (lambda k, d=None: getattr(a, k, d))
+        lost = _mpt_options_transformers_drops(config, get)
+        if lost:
+            raise ConfigError(f"model: this MPT config.json sets {', '.join(lost)}, which transformers' "
+                              "MptForCausalLM (used to read its weights) does not implement, so the import would "
+                              "change the model; convert from the llm-foundry checkpoint it came from instead")
         return from_dict(MPTArch, dict(
             d_model=config.d_model, n_heads=config.n_heads, n_layers=config.n_layers, expansion_ratio=4,
             max_seq_len=config.max_seq_len, vocab_size=config.vocab_size, norm_eps=config.layer_norm_epsilon,

@@ -9,6 +9,7 @@ from llmfoundry.config.errors import ConfigError
 from llmfoundry.inference.generate import generate_ids
 from llmfoundry.models.convert import export_hf, from_transformers, load_as_mpt, to_transformers
 from llmfoundry.models.mpt import MPTModelSettings
+from llmfoundry.models.mpt.config import AttnConfig
 from llmfoundry.registry import models
 from tests.models.helpers import randomize_norms, tiny_model
 
@@ -57,6 +58,35 @@ def test_exported_folder_loads_natively_with_identical_logits(case, tmp_path, to
     settings = MPTModelSettings(pretrained_model_name_or_path=str(tmp_path), vocab_size=512)
     built = models.get("mpt_causal_lm").builder(settings, tokenizer).eval()
     torch.testing.assert_close(built(x).logits, ours(x).logits, atol=1e-5, rtol=0)
+
+
+def test_a_recipe_cannot_silently_change_a_pretrained_architecture(tmp_path, tokenizer):
+    ours = _ours(ROPE_GQA_SWIGLU)
+    ours.save_pretrained(tmp_path)
+    build = models.get("mpt_causal_lm").builder
+    with pytest.raises(ConfigError) as error:
+        build(MPTModelSettings(pretrained_model_name_or_path=str(tmp_path), n_layers=6, d_model=256,
+                               attn_config=AttnConfig(qk_ln=True)), tokenizer)  # fmt: skip
+    message = str(error.value)
+    for key in ("model.n_layers: 6 differs from the pretrained folder's 2", "model.d_model: 256",
+                "model.attn_config.qk_ln: True"):
+        assert key in message, message
+    # how attention runs (not what the network is) may change: packed-document masking for finetuning
+    packed = build(MPTModelSettings(pretrained_model_name_or_path=str(tmp_path), attn_config=AttnConfig(
+        rope=True, attn_uses_sequence_id=True, attn_impl="torch")), tokenizer)
+    assert packed.arch.attn_config.attn_uses_sequence_id and packed.arch.attn_config.attn_impl == "torch"
+
+
+def test_an_mpt_config_that_transformers_cannot_hold_is_not_imported_as_something_else():
+    from transformers import MptConfig
+
+    from llmfoundry.models.convert import arch_from_transformers
+
+    config = MptConfig(d_model=32, n_heads=4, n_layers=2, vocab_size=64, no_bias=False,
+                       attn_config={"qk_ln": True, "alibi": False})  # fmt: skip
+    with pytest.raises(ConfigError, match="sets no_bias: False, attn_config.alibi: False, attn_config.qk_ln: True"):
+        arch_from_transformers(config)
+    assert arch_from_transformers(MptConfig(d_model=32, n_heads=4, n_layers=2, vocab_size=64)).attn_config.alibi
 
 
 @pytest.mark.parametrize("case", list(CASES))
