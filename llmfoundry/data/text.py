@@ -220,16 +220,62 @@ def streaming_kwargs(settings: StreamingOptions, batch_size: int, key: str) -> d
     )
 
 
+def _sources(settings: StreamingOptions) -> str:
+    """Where the MDS data of ``settings`` lives, for messages (remote or local, with the split)."""
+
+    def where(remote, local, split):
+        root = remote or local or "?"
+        return f"{str(root).rstrip('/')}/{split}" if split else str(root)
+
+    if settings.streams:
+        parts = []
+        for name, stream in settings.streams.items():
+            get = stream.get if isinstance(stream, dict) else lambda k, s=stream: getattr(s, k)
+            split = get("split") if get("split") is not None else settings.split
+            parts.append(f"{name}: {where(get('remote'), get('local'), split)}")
+        return "; ".join(parts)
+    return where(settings.remote, settings.local, settings.split)
+
+
+_MISSING_CODES = {"404", "nosuchkey", "nosuchbucket", "notfound", "nosuchentity"}
+
+
+def is_missing_object_error(error: BaseException) -> bool:
+    """Whether ``error`` (from streaming, botocore, a local read...) means "the object/file does not exist"."""
+    if isinstance(error, FileNotFoundError):
+        return True
+    response = getattr(error, "response", None)  # botocore.exceptions.ClientError
+    if isinstance(response, dict):
+        code = str(response.get("Error", {}).get("Code", "")).lower()
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if code in _MISSING_CODES or status == 404:
+            return True
+    text = str(error).lower()
+    return any(marker in text for marker in ("not found", "notfound", "nosuchbucket", "nosuchkey", "404",
+                                             "does not exist", "no such file"))
+
+
 def make_streaming_dataset(cls, settings: StreamingOptions, batch_size: int, key: str, **extra):
-    """Instantiate a StreamingDataset subclass, turning streaming's errors about missing data into ConfigErrors."""
+    """Instantiate a StreamingDataset subclass, turning streaming's errors about missing or empty data into
+    ConfigErrors (our own ConfigErrors pass through unchanged)."""
+    kwargs = streaming_kwargs(settings, batch_size, key)
     try:
-        return cls(**streaming_kwargs(settings, batch_size, key), **extra)
-    except FileNotFoundError as error:
-        raise ConfigError(f"{key}: MDS index not found ({error}); check remote/local/split") from None
+        return cls(**kwargs, **extra)
+    except ConfigError:
+        raise
     except Exception as error:
-        text = str(error).replace("\n", " ")
-        if "NoSuchBucket" in text or "404" in text or "Not Found" in text or "does not exist" in text:
-            raise ConfigError(f"{key}: cannot read the MDS index from {settings.remote or settings.streams} ({text[:200]})") from None
+        text = " ".join(str(error).split())
+        if "contains no samples" in text:
+            index = text.split("contains no samples:", 1)[-1].strip(" .") or _sources(settings)
+            raise ConfigError(
+                f"{key}: the MDS dataset {index} has no samples; convert data into it (with data_prep/ converters; "
+                "a --concat_tokens longer than the data writes none) or point remote/local/split elsewhere"
+            ) from None
+        if is_missing_object_error(error):
+            raise ConfigError(
+                f"{key}: no MDS dataset at {_sources(settings)} (index.json not found); check remote/local/split, or "
+                f"create it with data_prep/convert_text_to_mds.py or data_prep/convert_dataset_hf.py ({text[:160]})"
+            ) from None
         raise
 
 

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from llmfoundry.config.errors import ConfigError
 from llmfoundry.data.text import TextDatasetSettings, TextLoaderSettings, build_text_dataloader
 
 pytestmark = pytest.mark.s3
@@ -48,3 +49,9 @@ def test_jsonl_to_s3_mds_streams_back_and_resumes_exactly(s3_server, tmp_path, c
     resumed.load_state_dict(state)
     assert seen == full[:20]
     assert rows(resumed) == full[20:]
+
+
+def test_missing_remote_prefix_is_a_config_error(s3_server, tmp_path, tokenizer, monkeypatch):
+    monkeypatch.setenv("LLMFOUNDRY_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(ConfigError, match=r"train_loader\.dataset.*s3://llmfoundry-test/missing-prefix.*convert"):
+        remote_loader(f"s3://{BUCKET}/missing-prefix", tokenizer)

@@ -67,8 +67,22 @@ def test_resume_mid_epoch_yields_exactly_the_remaining_batches(mds_folder, token
 
 
 def test_missing_mds_folder_is_a_config_error(tmp_path, tokenizer):
-    with pytest.raises(ConfigError, match="does not exist.*convert"):
+    with pytest.raises(ConfigError, match="does not exist.*convert") as caught:
         loader(tmp_path / "nope", tokenizer)
+    # our own error, unchanged (not re-wrapped as "cannot read the MDS index from None (...)")
+    assert str(caught.value).startswith("train_loader.dataset.local: ")
+    assert "cannot read" not in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_mds_split_without_samples_is_a_config_error_naming_key_and_folder(tmp_path, tokenizer):
+    from llmfoundry.data.streaming_guard import import_streaming
+
+    import_streaming().MDSWriter(columns={"tokens": "ndarray:uint16:32"}, out=str(tmp_path / "mds" / "train")).finish()
+    with pytest.raises(ConfigError) as caught:
+        loader(tmp_path / "mds", tokenizer, split="train")
+    message = str(caught.value)
+    assert message.startswith("train_loader.dataset: ") and "\n" not in message
+    assert str(tmp_path / "mds" / "train") in message and "has no samples" in message
 
 
 def test_token_id_beyond_vocab_is_a_config_error():
