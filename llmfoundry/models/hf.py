@@ -164,10 +164,14 @@ def _wrap_peft(model: nn.Module, peft_config: dict[str, Any]) -> nn.Module:
         raise ConfigError(f"model.peft_config: {error}") from error
 
 
+# transformers' attn_implementation names -> llmfoundry MPT's attn_config.attn_impl
+OUR_MPT_ATTN = {"eager": "torch", "sdpa": "sdpa", "flash_attention_2": "flash"}
+
+
 def load_hf_causal_lm(settings: HFModelSettings, tokenizer=None) -> HFCausalLM:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    import llmfoundry.models.mpt  # noqa: F401  (lets the Auto classes open our own MPT folders)
+    from llmfoundry.models.mpt import MPTConfig  # also lets the Auto classes open our own MPT folders
 
     attn = settings.attn_implementation
     if settings.use_flash_attention_2:
@@ -181,12 +185,25 @@ def load_hf_causal_lm(settings: HFModelSettings, tokenizer=None) -> HFCausalLM:
         raise ConfigError(f"model.pretrained_model_name_or_path: cannot load a model config from '{path}' ({error})") from error
     _apply_overrides(config, settings.config_overrides)
     kwargs = {"trust_remote_code": settings.trust_remote_code}
-    if attn is not None:
+    if attn is not None and config.model_type == MPTConfig.model_type:
+        # Our own MPT picks its kernel with attn_config.attn_impl; transformers' switch would not reach it.
+        if attn not in OUR_MPT_ATTN:
+            raise ConfigError(f"model.attn_implementation: '{attn}' is not available for llmfoundry's MPT "
+                              f"(use one of {', '.join(OUR_MPT_ATTN)})")
+        config.attn_config = {**config.attn_config, "attn_impl": OUR_MPT_ATTN[attn]}
+    elif attn is not None:
         kwargs["attn_implementation"] = attn
-    if settings.pretrained:
-        model = AutoModelForCausalLM.from_pretrained(path, config=config, **kwargs)
-    else:
-        model = AutoModelForCausalLM.from_config(config, **kwargs)
+    try:
+        if settings.pretrained:
+            model = AutoModelForCausalLM.from_pretrained(path, config=config, **kwargs)
+        else:
+            model = AutoModelForCausalLM.from_config(config, **kwargs)
+    except (ValueError, ImportError) as error:
+        if attn is None or "attn" not in str(error).lower() and "flash" not in str(error).lower():
+            raise
+        key = "use_flash_attention_2" if settings.use_flash_attention_2 else "attn_implementation"
+        first = str(error).strip().splitlines()[0]
+        raise ConfigError(f"model.{key}: '{attn}' cannot be used with this model here ({first})") from None
     if tokenizer is not None and len(tokenizer) > model.get_input_embeddings().num_embeddings:
         model.resize_token_embeddings(len(tokenizer))
     if settings.peft_config:

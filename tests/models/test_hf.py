@@ -78,6 +78,36 @@ def test_our_mpt_folder_works_through_hf_causal_lm(tmp_path, tokenizer):
     torch.testing.assert_close(model(x, sequence_id=seq_id).logits, ours(x, sequence_id=seq_id).logits)
 
 
+def test_attn_implementation_reaches_our_mpt_kernel_choice(tmp_path, tokenizer):
+    ours = tiny_model(attn_config={"alibi": True})
+    ours.save_pretrained(tmp_path)
+    eager = build(tokenizer, pretrained_model_name_or_path=str(tmp_path), attn_implementation="eager")
+    assert eager.config.attn_config["attn_impl"] == "torch"
+    x = torch.randint(2, 512, (1, 12))
+    torch.testing.assert_close(eager(x).logits, ours(x).logits, atol=1e-5, rtol=1e-4)
+    with pytest.raises(ConfigError, match="model.attn_implementation: 'flex_attention' is not available"):
+        build(tokenizer, pretrained_model_name_or_path=str(tmp_path), attn_implementation="flex_attention")
+
+
+def test_attention_backends_that_cannot_run_are_one_line_errors(llama_dir, tokenizer):
+    with pytest.raises(ConfigError, match="model.attn_implementation: 'bogus' cannot be used with this model"):
+        build(tokenizer, pretrained_model_name_or_path=str(llama_dir), attn_implementation="bogus")
+    try:
+        import flash_attn  # noqa: F401
+    except ImportError:  # the CPU machines: flash-attn is a GPU extra
+        with pytest.raises(ConfigError, match="model.use_flash_attention_2: 'flash_attention_2' cannot be used"):
+            build(tokenizer, pretrained_model_name_or_path=str(llama_dir), use_flash_attention_2=True)
+
+
+def test_pretrained_false_builds_fresh_weights_of_the_folders_shape(llama_dir, tokenizer):
+    pretrained = build(tokenizer, pretrained_model_name_or_path=str(llama_dir))
+    fresh = build(tokenizer, pretrained_model_name_or_path=str(llama_dir), pretrained=False)
+    shapes = {k: v.shape for k, v in pretrained.state_dict().items()}
+    assert {k: v.shape for k, v in fresh.state_dict().items()} == shapes
+    key = next(k for k in shapes if k.endswith("q_proj.weight"))
+    assert not torch.equal(fresh.state_dict()[key], pretrained.state_dict()[key])
+
+
 def test_lora_trains_only_adapters_and_merges_on_export(llama_dir, tokenizer, tmp_path):
     peft_config = {"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
     model = build(tokenizer, pretrained_model_name_or_path=str(llama_dir), peft_config=peft_config).train()
