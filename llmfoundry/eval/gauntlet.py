@@ -137,26 +137,46 @@ def gauntlet_table(results: dict[str, dict[str, float]]) -> str:
 
 def plot_gauntlet(results: dict[str, dict[str, float]], path: str) -> bool:
     """A grouped bar chart of gauntlet scores per model; False (and a warning) when matplotlib is missing."""
+    scores = {m: {k[len(PREFIX) + 1 :]: v for k, v in s.items() if k.startswith(PREFIX + "/")}
+              for m, s in results.items()}
+    return plot_scores(scores, path, "gauntlet score")
+
+
+def plot_task_accuracies(results: dict[str, dict[str, float]], path: str, metric: str = "accuracy") -> bool:
+    """A grouped bar chart of each task's ``metric`` (``label/n-shot``) per model, for runs without a gauntlet."""
+    scores = {}
+    for model, metrics in results.items():
+        scores[model] = {}
+        for key, value in metrics.items():
+            parts = key.split("/")
+            if len(parts) == 4 and parts[0] == "icl" and parts[1] != "gauntlet" and parts[3] == metric:
+                scores[model][f"{parts[1]}/{parts[2]}"] = value
+    return plot_scores(scores, path, metric)
+
+
+def plot_scores(results: dict[str, dict[str, float]], path: str, ylabel: str) -> bool:
+    """A grouped bar chart: one group per name, one bar per model. False (with a warning) when there is nothing to
+    plot or matplotlib is missing."""
+    names = sorted({n for scores in results.values() for n in scores})
+    if not names:
+        log.warning("no scores to plot; %s not written", path)
+        return False
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        log.warning("gauntlet: matplotlib is not installed; no chart written (pip install matplotlib)")
-        return False
-    names = sorted({k[len(PREFIX) + 1 :] for s in results.values() for k in s if k.startswith(PREFIX + "/")})
-    if not names:
-        log.warning("gauntlet: no gauntlet scores to plot")
+        log.warning("matplotlib is not installed; no chart written to %s (pip install matplotlib)", path)
         return False
     fig, ax = plt.subplots(figsize=(max(6, len(names) * 1.2), 4))
     width = 0.8 / max(len(results), 1)
     for i, (model, scores) in enumerate(results.items()):
         xs = [j + i * width for j in range(len(names))]
-        ax.bar(xs, [scores.get(f"{PREFIX}/{n}", 0.0) for n in names], width=width, label=model)
+        ax.bar(xs, [scores.get(n, 0.0) for n in names], width=width, label=model)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))])
     ax.set_xticklabels(names, rotation=30, ha="right")
-    ax.set_ylabel("score")
+    ax.set_ylabel(ylabel)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path)

@@ -20,7 +20,14 @@ import torch
 
 from llmfoundry.config.errors import ConfigError
 from llmfoundry.eval.config import EvalConfig, EvalModelConfig, load_eval_config
-from llmfoundry.eval.gauntlet import compute_gauntlet, gauntlet_table, plot_gauntlet, tasks_table
+from llmfoundry.eval.gauntlet import (
+    compute_gauntlet,
+    gauntlet_table,
+    plot_gauntlet,
+    plot_task_accuracies,
+    tasks_table,
+)
+from llmfoundry.eval.icl.data import check_task_files
 from llmfoundry.eval.runner import ICLEvaluator
 
 log = logging.getLogger("llmfoundry.eval")
@@ -94,6 +101,7 @@ def run_eval(cfg: EvalConfig) -> dict[str, dict[str, Any]]:
     """Evaluate every model; returns ``{model_name: {"metrics": ..., "gauntlet": ...}}`` (printed on rank 0)."""
     from llmfoundry.train.dist import init_distributed
 
+    check_task_files(cfg.icl_tasks)  # a missing task file shows before any model is loaded
     info = init_distributed(cfg.dist_timeout)
     torch.manual_seed(cfg.seed)
     results: dict[str, dict[str, Any]] = {}
@@ -138,9 +146,13 @@ def run_eval(cfg: EvalConfig) -> dict[str, dict[str, Any]]:
             print(f"results written to {cfg.results_path}")
         if cfg.table_path:
             Path(cfg.table_path).write_text("\n".join(printed))
-        if cfg.plot_path and cfg.eval_gauntlet:
-            if plot_gauntlet({m: r["gauntlet"] for m, r in results.items()}, cfg.plot_path):
-                print(f"gauntlet chart written to {cfg.plot_path}")
+        if cfg.plot_path:
+            Path(cfg.plot_path).parent.mkdir(parents=True, exist_ok=True)
+            if cfg.eval_gauntlet:
+                if plot_gauntlet({m: r["gauntlet"] for m, r in results.items()}, cfg.plot_path):
+                    print(f"gauntlet chart written to {cfg.plot_path}")
+            elif plot_task_accuracies({m: r["metrics"] for m, r in results.items()}, cfg.plot_path):
+                print(f"task accuracy chart written to {cfg.plot_path}")
     return results
 
 

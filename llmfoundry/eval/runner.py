@@ -238,6 +238,7 @@ class ICLEvaluator:
                 stop_strings=stops,
                 generation_kwargs=run.cfg.generation_kwargs,
                 synced=world > 1,
+                key=f"icl_tasks.{run.cfg.label}.generation_kwargs",
             )
             if b >= len(batches):
                 continue

@@ -27,27 +27,98 @@ def _read_jsonl(path: Path, key: str) -> list[dict[str, Any]]:
     return records
 
 
-def _download_s3(uri: str, key: str) -> Path:
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _s3_problem(error: BaseException) -> str:
+    """A short description of a boto3 failure (missing object or bucket, no credentials, no endpoint, ...)."""
+    code = str(getattr(error, "response", {}).get("Error", {}).get("Code", ""))
+    if code in ("404", "NoSuchKey", "NotFound"):
+        return "not found"
+    if code == "NoSuchBucket":
+        return "no such bucket"
+    if code in ("403", "AccessDenied"):
+        return "access denied"
+    return f"{type(error).__name__}: {_first_line(error)}"
+
+
+def _s3_client():
     import boto3
 
+    endpoint = os.environ.get("S3_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3") or None
+    return boto3.client("s3", endpoint_url=endpoint)
+
+
+def _split_s3(uri: str, key: str) -> tuple[str, str]:
     bucket, _, obj = uri[len("s3://") :].partition("/")
     if not bucket or not obj:
         raise ConfigError(f"{key}: '{uri}' is not of the form s3://bucket/key")
-    client = boto3.client("s3", endpoint_url=os.environ.get("S3_ENDPOINT_URL") or None)
+    return bucket, obj
+
+
+def _download_s3(uri: str, key: str) -> Path:
+    bucket, obj = _split_s3(uri, key)
     fd, tmp = tempfile.mkstemp(suffix=".jsonl")
     os.close(fd)
-    client.download_file(bucket, obj, tmp)
+    try:
+        _s3_client().download_file(bucket, obj, tmp)
+    except Exception as error:  # noqa: BLE001 - botocore raises ClientError, NoCredentialsError, EndpointConnectionError...
+        Path(tmp).unlink(missing_ok=True)
+        raise ConfigError(f"{key}: cannot download task file '{uri}' ({_s3_problem(error)})") from None
     return Path(tmp)
 
 
-def _load_hf(uri: str, loading_vars: dict[str, Any], parsing_map: dict[str, Any]) -> list[dict[str, Any]]:
-    from datasets import load_dataset  # optional dependency, only for hf:// URIs
-
-    dataset = load_dataset(uri[len("hf://") :], **loading_vars)
+def _load_hf(uri: str, loading_vars: dict[str, Any], parsing_map: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    try:
+        from datasets import DatasetDict, IterableDatasetDict, load_dataset  # optional, only for hf:// URIs
+    except ImportError:
+        raise ConfigError(f"{key}: '{uri}' needs the datasets package (pip install datasets)") from None
+    try:
+        dataset = load_dataset(uri[len("hf://") :], **loading_vars)
+    except Exception as error:  # noqa: BLE001 - offline, unknown dataset or config, bad loading vars, ...
+        raise ConfigError(
+            f"{key}: cannot load the Hugging Face dataset '{uri}' ({type(error).__name__}: {_first_line(error)}); "
+            "hf:// task files need the network or the datasets cache"
+        ) from None
+    if isinstance(dataset, (DatasetDict, IterableDatasetDict)):
+        raise ConfigError(f"{key}: '{uri}' has several splits ({', '.join(dataset)}); choose one with "
+                          "hf_loading_vars: {split: ...}")
     rows = [dict(r) for r in dataset]
     if parsing_map:
-        rows = [{k: " ".join(str(r[c]) for c in cols) for k, cols in parsing_map.items()} for r in rows]
+        try:
+            rows = [{k: " ".join(str(r[c]) for c in cols) for k, cols in parsing_map.items()} for r in rows]
+        except KeyError as error:
+            columns = ", ".join(rows[0]) if rows else ""
+            raise ConfigError(f"{key}: hf_parsing_map names the column {error} that '{uri}' lacks (it has: "
+                              f"{columns})") from None
     return rows
+
+
+def check_task_files(tasks) -> None:
+    """Every local task file exists and every s3:// one can be found (one ConfigError naming each missing one), so
+    that a typo shows before any model is loaded. hf:// datasets are checked when they are read."""
+    problems = []
+    for task in tasks:
+        uri, key = task.dataset_uri, f"icl_tasks.{task.label}.dataset_uri"
+        if uri.startswith("hf://"):
+            continue
+        if uri.startswith("s3://"):
+            try:
+                bucket, obj = _split_s3(uri, key)
+                _s3_client().head_object(Bucket=bucket, Key=obj)
+            except ConfigError as error:
+                problems.append(str(error))
+            except Exception as error:  # noqa: BLE001
+                problems.append(f"{key}: cannot find task file '{uri}' ({_s3_problem(error)})")
+        elif not Path(uri).is_file():
+            problems.append(f"{key}: task file '{uri}' does not exist{_LOCAL_HINT}")
+    if problems:
+        raise ConfigError.many(problems)
+
+
+_LOCAL_HINT = " (build eval/local_data with eval/prepare_data.py or copy a local_data folder there; see eval/README.md)"
 
 
 def strip_record(record: dict[str, Any]) -> dict[str, Any]:
@@ -65,7 +136,7 @@ def read_records(
 ) -> list[dict[str, Any]]:
     """The records of a task file, in file order."""
     if uri.startswith("hf://"):
-        records = _load_hf(uri, hf_loading_vars or {}, hf_parsing_map or {})
+        records = _load_hf(uri, hf_loading_vars or {}, hf_parsing_map or {}, key)
     elif uri.startswith("s3://"):
         path = _download_s3(uri, key)
         try:
@@ -75,10 +146,7 @@ def read_records(
     else:
         path = Path(uri)
         if not path.is_file():
-            raise ConfigError(
-                f"{key}: task file '{uri}' does not exist (build eval/local_data with eval/prepare_data.py "
-                "or copy a local_data folder there; see eval/README.md)"
-            )
+            raise ConfigError(f"{key}: task file '{uri}' does not exist{_LOCAL_HINT}")
         records = _read_jsonl(path, key)
     if not records:
         raise ConfigError(f"{key}: task file '{uri}' has no records")

@@ -23,6 +23,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from llmfoundry.config.errors import ConfigError
 from llmfoundry.eval.icl.metrics import SequenceScore
 from llmfoundry.eval.icl.tasks import Sequence
 
@@ -332,9 +333,17 @@ def generate_greedy(
     stop_strings: list[str] | None = None,
     generation_kwargs: dict | None = None,
     synced: bool = False,
+    key: str = "generation_kwargs",
 ) -> list[str]:
-    """Greedy continuations of left-padded prompts, decoded without special tokens."""
+    """Greedy continuations of left-padded prompts, decoded without special tokens.
+
+    ``generation_kwargs`` go to ``model.generate`` and override the defaults (``do_sample=False``, the tokenizer's
+    ``pad_token_id`` and ``eos_token_id``), as llm-foundry's task ``generation_kwargs`` do; ``max_new_tokens`` is
+    the task's (it already reflects a ``max_new_tokens`` in ``generation_kwargs``)."""
+    user = {k: v for k, v in (generation_kwargs or {}).items() if k != "max_new_tokens"}
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad_id = user.get("pad_token_id", pad_id)
+    eos_id = user.get("eos_token_id", tokenizer.eos_token_id)
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), pad_id if pad_id is not None else 0, dtype=torch.long)
     mask = torch.zeros_like(ids)
@@ -345,19 +354,22 @@ def generate_greedy(
     if hasattr(model, "generate"):
         from transformers import StoppingCriteriaList
 
-        kwargs = {k: v for k, v in (generation_kwargs or {}).items() if k not in ("max_new_tokens",)}
-        kwargs.setdefault("do_sample", False)
-        criteria = StoppingCriteriaList([_StopOnStrings(tokenizer, stop_strings, width)]) if stop_strings else None
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            max_new_tokens=max_new_tokens,
-            pad_token_id=pad_id,
-            eos_token_id=tokenizer.eos_token_id,
-            stopping_criteria=criteria,
-            synced_gpus=synced,
-            **kwargs,
-        )
+        kwargs = {"do_sample": False, "pad_token_id": pad_id, "eos_token_id": eos_id, "synced_gpus": synced, **user}
+        criteria = [_StopOnStrings(tokenizer, stop_strings, width)] if stop_strings else []
+        criteria += list(kwargs.pop("stopping_criteria", None) or [])
+        try:
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=max_new_tokens,
+                stopping_criteria=StoppingCriteriaList(criteria) if criteria else None,
+                **kwargs,
+            )
+        except (TypeError, ValueError) as error:
+            if not user:
+                raise
+            first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            raise ConfigError(f"{key}: model.generate rejected {sorted(user)}: {first}") from None
         new = out[:, width:]
     else:  # a plain module: greedy decoding without a cache
         new = torch.empty((len(prompts), 0), dtype=torch.long, device=device)
@@ -369,9 +381,9 @@ def generate_greedy(
             params = _forward_params(model)
             extra = {"position_ids": positions} if "position_ids" in params else {}
             nxt = _logits(model(input_ids=full, attention_mask=full_mask, **extra))[:, -1].argmax(-1)
-            if tokenizer.eos_token_id is not None:
+            if eos_id is not None:
                 nxt = torch.where(done, torch.full_like(nxt, pad_id or 0), nxt)
-                done |= nxt == tokenizer.eos_token_id
+                done |= torch.isin(nxt, torch.tensor(eos_id, device=nxt.device).reshape(-1))
             new = torch.cat([new, nxt[:, None]], 1)
             if done.all():
                 break
