@@ -18,7 +18,12 @@ import sys
 import torch
 
 from llmfoundry.config.errors import ConfigError
-from llmfoundry.inference.sampling import add_sampling_arguments, check_sampling_arguments, sampling_options
+from llmfoundry.inference.sampling import (
+    add_sampling_arguments,
+    check_sampling_arguments,
+    position_limit,
+    sampling_options,
+)
 
 CHATML_END = "<|im_end|>"
 USER_PROMPT = "User: "
@@ -162,8 +167,10 @@ class ChatSession:
         self.out.flush()
         self.streamer.reset()
         input_ids = torch.tensor([ids], device=self.device)
+        limit = position_limit(self.model)  # a model with learned positions cannot run past them: answer shorter
+        room = self.args.max_new_tokens if limit is None else max(1, min(self.args.max_new_tokens, limit - len(ids)))
         options = dict(
-            max_new_tokens=self.args.max_new_tokens,
+            max_new_tokens=room,
             attention_mask=torch.ones_like(input_ids),
             streamer=self.streamer,
             stopping_criteria=[StopWhenStreamerStops(self.streamer)],

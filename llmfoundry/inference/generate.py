@@ -14,7 +14,12 @@ from pathlib import Path
 import torch
 
 from llmfoundry.config.errors import ConfigError
-from llmfoundry.inference.sampling import add_sampling_arguments, check_sampling_arguments, sampling_options
+from llmfoundry.inference.sampling import (
+    add_sampling_arguments,
+    check_room,
+    check_sampling_arguments,
+    sampling_options,
+)
 
 
 def generate_ids(model, tokenizer, prompts: list[str], *, max_new_tokens: int, temperature: float = 0.0,
@@ -33,6 +38,7 @@ def generate_ids(model, tokenizer, prompts: list[str], *, max_new_tokens: int, t
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token_id = pad_id
         enc = tokenizer(batch, return_tensors="pt", padding=True)
+        check_room(model, enc["input_ids"].shape[1], max_new_tokens)
         with torch.no_grad():
             out = model.generate(enc["input_ids"].to(device), attention_mask=enc["attention_mask"].to(device), **options)
         for row in out[:, enc["input_ids"].shape[1] :].tolist():

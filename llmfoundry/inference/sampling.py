@@ -45,3 +45,27 @@ def sampling_options(temperature: float, top_p: float = 1.0, top_k: int = 0,
     if repetition_penalty != 1.0:
         options["repetition_penalty"] = repetition_penalty
     return options
+
+
+def position_limit(model) -> int | None:
+    """The longest sequence a model can process at all: set by learned absolute position embeddings (our MPT's
+    wpe, GPT-2-style models); None when positions are relative (ALiBi, RoPE) and longer inputs still run."""
+    arch = getattr(model, "arch", None)
+    if arch is not None and hasattr(arch, "learned_pos_emb"):
+        return arch.max_seq_len if arch.learned_pos_emb else None
+    if any(name.rsplit(".", 1)[-1] in ("wpe", "embed_positions") for name, _ in model.named_modules()):
+        config = getattr(model, "config", None)
+        for key in ("max_position_embeddings", "n_positions", "max_seq_len"):
+            value = getattr(config, key, None)
+            if isinstance(value, int) and value > 0:
+                return value
+    return None
+
+
+def check_room(model, prompt_tokens: int, max_new_tokens: int) -> None:
+    """A one-line error (not an index error deep in the embedding) when the output would outgrow the positions."""
+    limit = position_limit(model)
+    if limit is not None and prompt_tokens + max_new_tokens > limit:
+        raise ConfigError(f"--max_new_tokens: a {prompt_tokens}-token prompt plus {max_new_tokens} new tokens exceeds "
+                          f"the model's {limit} learned positions (use --max_new_tokens {max(limit - prompt_tokens, 0)} "
+                          "or less, or a shorter prompt)")

@@ -163,3 +163,26 @@ def test_chat_history_drops_oldest_turns_to_fit_the_context(chat_model_dir):
     assert session.history[-2]["content"] == "message number 5 about a green river"
     assert not any(m["content"].startswith("message number 0") for m in session.history)
     assert len(session.history) < 12
+
+
+def test_answers_stop_at_the_learned_positions_of_the_model(tmp_path, tokenizer):
+    """A model with learned absolute positions cannot run past them: chat shortens the answer instead of failing,
+    and generate says how many new tokens fit."""
+    import torch
+
+    from llmfoundry.cli import main
+    from llmfoundry.inference.chat import ChatSession, parse_args
+    from llmfoundry.models.mpt.config import MPTConfig
+    from llmfoundry.models.mpt.model import MPTForCausalLM
+
+    torch.manual_seed(0)
+    model = MPTForCausalLM(MPTConfig(d_model=32, n_heads=2, n_layers=1, max_seq_len=48, vocab_size=512)).eval()
+    assert model.arch.learned_pos_emb
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    args = parse_args([str(tmp_path), "--temperature", "0", "--max_new_tokens", "200"])
+    session = ChatSession(model, tokenizer, args, out=io.StringIO())
+    for _ in range(3):
+        session.answer("a long enough message about a green river")  # must not raise past position 48
+
+    assert main(["generate", str(tmp_path), "--prompt", "a short prompt", "--max_new_tokens", "200"]) == 2
