@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -20,6 +21,7 @@ from llmfoundry.config.errors import ConfigError, did_you_mean
 from llmfoundry.config.fields import option
 
 TASK_TYPES = ("language_modeling", "multiple_choice", "schema", "generation_task_with_answers", "code_evaluation")
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -27,15 +29,19 @@ class ICLTaskConfig:
     label: str = option(doc="name of the task in metric keys, e.g. arc_easy")
     dataset_uri: str = option(doc="JSONL task file: local path, s3://bucket/key, or hf://org/name (online)")
     icl_task_type: Literal[
-        "language_modeling", "multiple_choice", "schema", "generation_task_with_answers", "code_evaluation"
-    ] = option(doc="how examples are scored (code_evaluation is not supported yet)")
-    num_fewshot: list[int] | int = option([0], "numbers of in-context examples; the task runs once per entry")
+        "language_modeling", "multiple_choice", "schema", "generation_task_with_answers", "question_answering",
+        "code_evaluation",
+    ] = option(doc="how examples are scored (question_answering: llm-foundry's old name of "
+                   "generation_task_with_answers; code_evaluation is not supported yet)")
+    num_fewshot: list[int] | int = option(doc="numbers of in-context examples; the task runs once per entry "
+                                              "(required, as in llm-foundry)")
     batch_size: int | None = option(None, "sequences per forward pass (none = device_eval_batch_size)")
     max_seq_len: int | None = option(None, "context window; longer prompts lose tokens on the left (none = global)")
     prompt_string: str = option("", "text put once before the few-shot examples")
     example_delimiter: str = option("\n", "text between examples")
     continuation_delimiter: str = option(" ", "text between an example's context and its answer")
     question_prelimiter: str = option("", "text put before every context (e.g. 'Question: ')")
+    prelimiter: str | None = option(None, "llm-foundry's newer name of question_prelimiter (set one of the two)")
     fewshot_random_seed: int = option(1234, "seed of the RNG that picks few-shot examples")
     has_categories: bool = option(False, "records carry a 'category'; report accuracy per category too")
     generation_kwargs: dict[str, Any] = option({}, "generation settings (max_new_tokens, ...) for generation tasks")
@@ -169,6 +175,30 @@ def _normalise_task(raw: Any) -> Any:
     return raw
 
 
+def _raw_task_problems(raw: Any, path: str) -> list[str]:
+    """Keys that the schema would only call unknown, with what to write instead."""
+    if isinstance(raw, dict) and "kwargs" in raw:
+        return [f"{path}.kwargs: llm-foundry hands a task's own keys to its dataset; write them at the task's top "
+                "level (e.g. prompt_string: ..., prelimiter: ...) instead of under kwargs"]
+    return []
+
+
+def _finish_task(task: ICLTaskConfig, path: str) -> ICLTaskConfig:
+    """llm-foundry's aliases resolved (question_answering, prelimiter) and num_fewshot made a list."""
+    if isinstance(task.num_fewshot, int):
+        task.num_fewshot = [task.num_fewshot]
+    if task.icl_task_type == "question_answering":
+        log.warning("%s.icl_task_type: 'question_answering' is llm-foundry's deprecated name of "
+                    "'generation_task_with_answers' (%s)", path, task.label)
+        task.icl_task_type = "generation_task_with_answers"
+    if task.prelimiter is not None:
+        if task.question_prelimiter not in ("", task.prelimiter):
+            raise ConfigError(f"{path}.prelimiter: set either prelimiter or question_prelimiter, not both "
+                              f"({task.label}; they are the same setting)")
+        task.question_prelimiter, task.prelimiter = task.prelimiter, None
+    return task
+
+
 def load_icl_tasks(value: Any, key: str = "icl_tasks") -> list[ICLTaskConfig]:
     """ICL task configs from a list (of dicts or ICLTaskConfig) or the path of a YAML file holding ``icl_tasks``."""
     if value is None:
@@ -185,16 +215,15 @@ def load_icl_tasks(value: Any, key: str = "icl_tasks") -> list[ICLTaskConfig]:
     tasks = []
     problems = []
     for i, raw in enumerate(value):
-        if isinstance(raw, ICLTaskConfig):
-            if isinstance(raw.num_fewshot, int):
-                raw.num_fewshot = [raw.num_fewshot]
-            tasks.append(raw)
-            continue
+        path = f"{key}[{i}]"
         try:
-            task = _validate(_normalise_task(raw), ICLTaskConfig, f"{key}[{i}]")
-            if isinstance(task.num_fewshot, int):
-                task.num_fewshot = [task.num_fewshot]
-            tasks.append(task)
+            if isinstance(raw, ICLTaskConfig):
+                tasks.append(_finish_task(raw, path))
+                continue
+            if extra := _raw_task_problems(raw, path):
+                problems.extend(extra)
+                continue
+            tasks.append(_finish_task(_validate(_normalise_task(raw), ICLTaskConfig, path), path))
         except ConfigError as error:
             problems.extend(error.problems)
     if problems:
@@ -231,6 +260,9 @@ def load_eval_config(data: dict[str, Any]) -> EvalConfig:
     """The validated ``llmfoundry eval`` recipe, with ``icl_tasks``/``eval_gauntlet`` paths read."""
     data = dict(data)
     if isinstance(data.get("icl_tasks"), list):
+        problems = [p for i, t in enumerate(data["icl_tasks"]) for p in _raw_task_problems(t, f"icl_tasks[{i}]")]
+        if problems:
+            raise ConfigError.many(problems)
         data["icl_tasks"] = [_normalise_task(t) for t in data["icl_tasks"]]
     cfg = _validate(data, EvalConfig, "")
     cfg.icl_tasks = load_icl_tasks(cfg.icl_tasks)

@@ -22,7 +22,7 @@ MC_ROWS = [
 
 def _task(tmp_path, tokenizer, rows, task_type, max_seq_len=256, **kw):
     uri = write_jsonl(tmp_path / f"{task_type}.jsonl", rows)
-    cfg = ICLTaskConfig(label="t", dataset_uri=uri, icl_task_type=task_type, **kw)
+    cfg = ICLTaskConfig(label="t", dataset_uri=uri, icl_task_type=task_type, **{"num_fewshot": [0], **kw})
     task = build_task(cfg, tokenizer, max_seq_len)
     return task, read_records(uri, strip=cfg.strip_dataset)
 
@@ -170,6 +170,6 @@ def test_missing_record_keys_are_reported(tmp_path, tokenizer):
 
 
 def test_missing_task_file_is_a_config_error(tokenizer):
-    cfg = ICLTaskConfig(label="t", dataset_uri="eval/local_data/nope.jsonl", icl_task_type="schema")
+    cfg = ICLTaskConfig(label="t", dataset_uri="eval/local_data/nope.jsonl", icl_task_type="schema", num_fewshot=[0])
     with pytest.raises(ConfigError, match="prepare_data.py"):
         read_records(cfg.dataset_uri)

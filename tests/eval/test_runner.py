@@ -89,11 +89,11 @@ def test_subset_and_limit_bound_the_work(tokenizer, gpt2):
 
 def test_task_configs_are_validated(tmp_path):
     with pytest.raises(ConfigError, match="icl_task_type"):
-        load_icl_tasks([{"label": "x", "dataset_uri": "y", "icl_task_type": "multiple_choise"}])
+        load_icl_tasks([{"label": "x", "dataset_uri": "y", "icl_task_type": "multiple_choise", "num_fewshot": 0}])
     with pytest.raises(ConfigError, match="not supported yet"):
-        load_icl_tasks([{"label": "x", "dataset_uri": "y", "icl_task_type": "code_evaluation"}])
+        load_icl_tasks([{"label": "x", "dataset_uri": "y", "icl_task_type": "code_evaluation", "num_fewshot": 0}])
     with pytest.raises(ConfigError, match="unique"):
-        load_icl_tasks([{"label": "x", "dataset_uri": "y", "icl_task_type": "schema"}] * 2)
+        load_icl_tasks([{"label": "x", "dataset_uri": "y", "icl_task_type": "schema", "num_fewshot": 0}] * 2)
     path = tmp_path / "tasks.yaml"
     path.write_text("icl_tasks:\n- label: a\n  dataset_uri: b\n  icl_task_type: schema\n  num_fewshot: 3\n")
     (task,) = load_icl_tasks(str(path))
@@ -117,3 +117,30 @@ def test_shipped_tiny_task_list_and_gauntlet_load(tokenizer):
     tasks = load_icl_tasks(str(root / "eval" / "yamls" / "tasks_tiny.yaml"))
     assert all((root / t.dataset_uri).is_file() for t in tasks)
     assert load_gauntlet(str(root / "eval" / "yamls" / "gauntlet_tiny.yaml")).averages
+
+
+def test_llm_foundry_task_file_compatibility():
+    base = {"label": "qa", "dataset_uri": "y", "num_fewshot": [0]}
+    # question_answering: llm-foundry's (deprecated) name of generation_task_with_answers
+    (task,) = load_icl_tasks([{**base, "icl_task_type": "question_answering"}])
+    assert task.icl_task_type == "generation_task_with_answers"
+    # prelimiter: llm-foundry's newer name of question_prelimiter (its task keys go to the dataset constructor)
+    (task,) = load_icl_tasks([{**base, "icl_task_type": "schema", "prelimiter": "Q: "}])
+    assert task.question_prelimiter == "Q: " and task.prelimiter is None
+    with pytest.raises(ConfigError, match="either prelimiter or question_prelimiter"):
+        load_icl_tasks([{**base, "icl_task_type": "schema", "prelimiter": "Q: ", "question_prelimiter": "A: "}])
+    # num_fewshot is required, as in llm-foundry (its builder asserts 'num_fewshot' in the task)
+    with pytest.raises(ConfigError) as error:
+        load_icl_tasks([{"label": "x", "dataset_uri": "y", "icl_task_type": "schema"}])
+    assert "icl_tasks[0].num_fewshot: required key is missing" in str(error.value)
+    # a `kwargs` mapping is not a task key: the task's own keys are what llm-foundry passes to its dataset
+    with pytest.raises(ConfigError) as error:
+        load_icl_tasks([{**base, "icl_task_type": "schema", "kwargs": {"prompt_string": "x"}}])
+    assert str(error.value).startswith("icl_tasks[0].kwargs: llm-foundry hands a task's own keys to its dataset")
+
+
+def test_question_answering_tasks_run_like_generation_tasks(tokenizer, llama):
+    qa = {**tiny_tasks()[3], "num_fewshot": [0]}
+    alias = {**qa, "icl_task_type": "question_answering"}
+    assert (ICLEvaluator([alias], tokenizer, max_seq_len=128).evaluate(llama, "cpu")
+            == ICLEvaluator([qa], tokenizer, max_seq_len=128).evaluate(llama, "cpu"))
