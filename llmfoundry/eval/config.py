@@ -35,7 +35,10 @@ class ICLTaskConfig:
                    "generation_task_with_answers; code_evaluation is not supported yet)")
     num_fewshot: list[int] | int = option(doc="numbers of in-context examples; the task runs once per entry "
                                               "(required, as in llm-foundry)")
-    batch_size: int | None = option(None, "sequences per forward pass (none = device_eval_batch_size)")
+    batch_size: int | None = option(
+        None, "sequences per forward pass; a multiple-choice/schema batch holds batch_size // choices questions, "
+        "as in llm-foundry (none = device_eval_batch_size)"
+    )
     max_seq_len: int | None = option(None, "context window; longer prompts lose tokens on the left (none = global)")
     prompt_string: str = option("", "text put once before the few-shot examples")
     example_delimiter: str = option("\n", "text between examples")
@@ -54,7 +57,9 @@ class ICLTaskConfig:
     metric_names: list[str] | None = option(None, "accepted for llm-foundry compatibility; metrics follow the type")
     pass_at_k: int = option(1, "code evaluation: k", unsupported="code_evaluation tasks")
     generations_per_sample: int = option(1, "code evaluation: samples per prompt", unsupported="code_evaluation tasks")
-    icl_subset_num_batches: int | None = option(None, "evaluate at most this many batches of the task")
+    icl_subset_num_batches: int | None = option(
+        None, "evaluate only the examples of the first N batches, in file order (as llm-foundry)"
+    )
     limit: int | None = option(None, "evaluate only the first N records (few-shot examples still come from all)")
     kv_cache: Literal["auto", "on", "off"] = option(
         "auto", "score the choices of a question from one pass over their shared prefix (auto: when supported)"
@@ -144,7 +149,9 @@ class EvalConfig:
     table_path: str | None = option(None, "also write the markdown tables to this file")
     plot_path: str | None = option(None, "save a bar chart of the gauntlet scores here (needs matplotlib)")
     loggers: dict[str, Any] = option({}, "loggers (accepted; results go to stdout and results_path)")
-    icl_subset_num_batches: int | None = option(None, "evaluate at most this many batches per task")
+    icl_subset_num_batches: int | None = option(
+        None, "evaluate only the examples of each task's first N batches, in file order (as llm-foundry)"
+    )
     fsdp_config: dict[str, Any] | None = option(None, "FSDP settings", unsupported="fsdp_config in eval")
     model_gauntlet: Any = option(None, "old name of eval_gauntlet", unsupported="model_gauntlet (use eval_gauntlet)")
     python_log_level: str | None = option("info", "Python logging level")

@@ -12,6 +12,16 @@ as often as needed (the trainer calls it at every ``eval_interval``). Metrics co
 
 Under torch.distributed each rank scores every world_size-th example and the per-example results are gathered,
 so every rank returns the same metrics.
+
+Batches. ``batch_size`` counts sequences, as llm-foundry's ``batch_size`` does: a multiple-choice or schema question
+is one sequence per choice and its choices always share a forward pass, so a batch holds
+``max(batch_size, choices) // choices`` questions (llm-foundry's effective batch size, choices counted on the
+task's first question); language-modeling and generation batches hold ``batch_size`` examples.
+``icl_subset_num_batches: N`` keeps the first ``N`` such batches of each rank's examples in file order (what
+llm-foundry's evaluator sees from its unshuffled loader); only then are the kept examples sorted by length and
+packed for speed (longest first, at most ``batch_size`` sequences and ``max_batch_tokens`` padded tokens per
+forward pass, a question's choices sharing their common prefix), which changes how fast the subset runs, never
+which examples it holds.
 """
 
 from __future__ import annotations
@@ -178,6 +188,9 @@ class ICLEvaluator:
                 for run in self.runs:
                     start = time.perf_counter()
                     local = run.examples[rank::world]
+                    limit = self.subset_num_batches or run.cfg.icl_subset_num_batches
+                    if limit is not None:  # the first `limit` batches in file order, before any sorting
+                        local = local[: limit * examples_per_batch(run)]
                     if isinstance(run.task, GenerationTask):
                         results = self._run_generation(run, local, model, device, world, sync_calls)
                     else:
@@ -202,7 +215,6 @@ class ICLEvaluator:
             max_batch_tokens=self.max_batch_tokens,
             use_kv_cache=mode == "kv",
             packed=mode == "packed",
-            max_batches=self.subset_num_batches or run.cfg.icl_subset_num_batches,
             sync_calls=sync_calls,
             dummy_forward=dummy_forward,
         )
@@ -221,9 +233,6 @@ class ICLEvaluator:
         task: GenerationTask = run.task  # type: ignore[assignment]
         order = sorted(range(len(local)), key=lambda i: -len(local[i].prompt or []))
         batches = [order[i : i + run.batch_size] for i in range(0, len(order), run.batch_size)]
-        limit = self.subset_num_batches or run.cfg.icl_subset_num_batches
-        if limit is not None:
-            batches = batches[:limit]
         total = sync_calls(len(batches))
         stops = run.cfg.early_stopping_criteria
         results = []
@@ -272,6 +281,15 @@ class ICLEvaluator:
             for name in names:
                 out[f"{prefix}/{name}"] = sum(r["correct"][name] for r in run.results) / len(run.results)
         return out
+
+
+def examples_per_batch(run: TaskRun) -> int:
+    """Questions (multiple choice, schema) or examples in one of llm-foundry's batches of this task: its
+    ``batch_size`` counts sequences, and a question takes one per choice."""
+    if run.cfg.icl_task_type in SCORED_TYPES and run.examples:
+        choices = max(len(run.examples[0].sequences), 1)
+        return max(run.batch_size, choices) // choices
+    return run.batch_size
 
 
 def _gather(results: list[dict], world: int) -> list[dict]:

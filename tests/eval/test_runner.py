@@ -87,6 +87,36 @@ def test_subset_and_limit_bound_the_work(tokenizer, gpt2):
     assert len(ev.runs[0].results) == 1  # 4 sequences = one question of 4 choices
 
 
+@pytest.mark.parametrize("label, batch_size, batches, per_batch", [
+    ("mc", 8, 2, 2),  # 8 sequences // 4 choices = 2 questions per batch (llm-foundry's effective batch size)
+    ("mc", 3, 2, 1),  # fewer sequences than choices: still one question per batch
+    ("lm", 3, 2, 3),
+    ("qa", 2, 3, 2),
+])  # fmt: skip
+def test_icl_subset_num_batches_takes_the_first_batches_in_file_order(tokenizer, gpt2, tmp_path, label, batch_size,
+                                                                       batches, per_batch):
+    from llmfoundry.eval.icl.scoring import plan_batches
+
+    from .conftest import write_jsonl
+
+    task = next({**t, "num_fewshot": [0]} for t in tiny_tasks() if t["label"] == label)
+    if label == "mc":  # questions that grow longer down the file: sorting by length puts the last ones first
+        rows = [{"query": "the cat runs " * (i + 1), "choices": ["a", "b", "c", "d"], "gold": i % 4}
+                for i in range(12)]
+        task["dataset_uri"] = write_jsonl(tmp_path / "growing.jsonl", rows)
+    ev = ICLEvaluator([task], tokenizer, batch_size=batch_size, max_seq_len=128, subset_num_batches=batches)
+    ev.evaluate(gpt2, "cpu")
+    assert [r["index"] for r in ev.runs[0].results] == list(range(batches * per_batch))
+    if label == "mc":  # what the old rule (sort longest first, then cut the batch list) would have scored instead
+        groups = [ex.sequences for ex in ev.runs[0].examples]
+        old = sorted(g for b in plan_batches(groups, batch_size, 16384)[:batches] for g in b)
+        assert old != list(range(batches * per_batch))
+    per_task = ICLEvaluator([{**task, "icl_subset_num_batches": batches}], tokenizer, batch_size=batch_size,
+                            max_seq_len=128)
+    per_task.evaluate(gpt2, "cpu")
+    assert [r["index"] for r in per_task.runs[0].results] == list(range(batches * per_batch))
+
+
 def test_task_configs_are_validated(tmp_path):
     with pytest.raises(ConfigError, match="icl_task_type"):
         load_icl_tasks([{"label": "x", "dataset_uri": "y", "icl_task_type": "multiple_choise", "num_fewshot": 0}])

@@ -279,7 +279,8 @@ def run_scoring(
     dummy_forward: Callable[[], None] | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> list[list[SequenceScore] | None]:
-    """Scores for every group (None for groups past ``max_batches``)."""
+    """Scores for every group (None for groups past ``max_batches``, a cap on forward passes after the groups are
+    sorted by length: to score an unbiased subset, pass only the groups of that subset)."""
     if packed:
         batches = plan_batches(groups, batch_size, max_batch_tokens, width=packed_width, rows=lambda g: 1)
     else:
