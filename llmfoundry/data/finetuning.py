@@ -117,7 +117,10 @@ def load_raw_examples(ds: FinetuningDatasetSettings, key: str) -> list[tuple[str
     elif name is not None:
         from llmfoundry.data.prep.json_data import load_hf_split
 
-        data = load_hf_split(name, ds.hf_kwargs.get("name"), split, {k: v for k, v in ds.hf_kwargs.items() if k != "name"})
+        keys = (dict(dataset_key="--dataset", split_key="--splits", files_key="--data_files") if key.startswith("--")
+                else dict(dataset_key=f"{key}.hf_name", split_key=f"{key}.split", files_key=f"{key}.hf_kwargs.data_files"))
+        data = load_hf_split(name, ds.hf_kwargs.get("name"), split, {k: v for k, v in ds.hf_kwargs.items() if k != "name"},
+                             **keys)
         records = [(f"{name}[{split}][{i}]", dict(row)) for i, row in enumerate(data)]
     else:
         raise ConfigError(f"{key}: set hf_name (hub id, folder, json, s3://folder) or remote/local MDS data")

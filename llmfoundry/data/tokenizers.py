@@ -23,27 +23,56 @@ from llmfoundry.registry import tokenizers as tokenizer_registry
 TIKTOKEN_EOS = "<|endoftext|>"
 
 
-def build_tokenizer(name: str, kwargs: dict[str, Any] | None = None):
-    """The tokenizer called ``name`` (see the module docstring), with ``kwargs`` passed to its constructor."""
-    kwargs = dict(kwargs or {})
-    if not isinstance(name, str) or not name:
-        raise ConfigError("tokenizer.name: expected a Hugging Face tokenizer id or folder, a .model file, or 'tiktoken'")
-    if name in tokenizer_registry:
-        tokenizer = tokenizer_registry.get(name, key="tokenizer.name").builder(name, kwargs)
-    elif name.endswith(".model") and os.path.isfile(name):
-        tokenizer = _sentencepiece(name, kwargs)
-    else:
-        tokenizer = _huggingface(name, kwargs)
-    _require_eos(tokenizer, name)
+def build_tokenizer(name: str, kwargs: dict[str, Any] | None = None, *, cli: bool = False):
+    """The tokenizer called ``name`` (see the module docstring), with ``kwargs`` passed to its constructor.
+
+    ``cli=True`` (the converters) words errors with the command-line flags (``--tokenizer``,
+    ``--tokenizer_kwargs '{"eos_token": ...}'``) instead of the YAML keys (``tokenizer.name``, ``tokenizer.kwargs``).
+    """
+    try:
+        kwargs = dict(kwargs or {})
+        trust_remote_code = kwargs.pop("trust_remote_code", None)  # only Hugging Face tokenizers can run code
+        if not isinstance(name, str) or not name:
+            raise ConfigError("tokenizer.name: expected a Hugging Face tokenizer id or folder, a .model file, or 'tiktoken'")
+        if name in tokenizer_registry:
+            tokenizer = tokenizer_registry.get(name, key="tokenizer.name").builder(name, kwargs)
+        elif name.endswith(".model") and os.path.isfile(name):
+            tokenizer = _sentencepiece(name, kwargs)
+        else:
+            if trust_remote_code is not None:
+                kwargs["trust_remote_code"] = bool(trust_remote_code)
+            tokenizer = _huggingface(name, kwargs)
+        _require_eos(tokenizer, name, cli)
+    except ConfigError as error:
+        if cli:
+            raise ConfigError(cli_wording(str(error))) from None
+        raise
     return tokenizer
 
 
-def _require_eos(tokenizer, name: str) -> None:
-    if tokenizer.eos_token is None or tokenizer.eos_token_id is None:
-        raise ConfigError(
-            f"tokenizer.name: tokenizer '{name}' has no EOS token; set tokenizer.kwargs.eos_token to one of its "
-            "special tokens (documents are separated and responses terminated with EOS)"
-        )
+def cli_wording(message: str) -> str:
+    """A tokenizer error worded with the converters' flags instead of the YAML keys."""
+    import re
+
+    message = message.replace("set tokenizer.kwargs.trust_remote_code: true", "pass --trust-remote-code")
+    message = re.sub(r"tokenizer\.kwargs\.(\w+)", r"--tokenizer_kwargs key '\1'", message)
+    return message.replace("tokenizer.kwargs", "--tokenizer_kwargs").replace("tokenizer.name", "--tokenizer")
+
+
+def _require_eos(tokenizer, name: str, cli: bool = False) -> None:
+    if tokenizer.eos_token is not None and tokenizer.eos_token_id is not None:
+        return
+    specials = [t for t in getattr(tokenizer, "all_special_tokens", []) if t][:6]
+    choices = f" (its special tokens: {', '.join(specials)})" if specials else ""
+    example = specials[0] if specials else "<|endoftext|>"
+    if cli:
+        how = f"pass --tokenizer_kwargs '{{\"eos_token\": \"{example}\"}}' with one of its tokens{choices}"
+        raise ConfigError(f"--tokenizer: tokenizer '{name}' has no EOS token; {how}; documents are separated "
+                          "and responses terminated with EOS")
+    raise ConfigError(
+        f"tokenizer.name: tokenizer '{name}' has no EOS token; set tokenizer.kwargs.eos_token to one of its "
+        f"tokens{choices} (documents are separated and responses terminated with EOS)"
+    )
 
 
 def _huggingface(name: str, kwargs: dict[str, Any]):
@@ -53,6 +82,11 @@ def _huggingface(name: str, kwargs: dict[str, Any]):
         if _is_saved_sentencepiece(name):  # written by SentencePieceTokenizer.save_pretrained
             return sentencepiece_tokenizer_class().from_pretrained(name, **kwargs)
         return AutoTokenizer.from_pretrained(name, **kwargs)
+    except ValueError as error:
+        if "trust_remote_code" not in str(error):
+            raise
+        raise ConfigError(f"tokenizer.name: tokenizer '{name}' runs its own code; if you trust it, set "
+                          "tokenizer.kwargs.trust_remote_code: true") from None
     except OSError as error:
         where = "folder" if os.path.isdir(name) else "hub id"
         hint = (

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import collections
 import json
+import re
 
 import numpy as np
 import pytest
@@ -80,3 +81,68 @@ def test_tiktoken_encoding_becomes_an_equivalent_hf_tokenizer(corpus):
     assert tokenizer.eos_token_id == encoding.eot_token and tokenizer.model_max_length == 99
     for text in corpus[40:80] + ["héllo wörld 123  x\n\n y"]:
         assert tokenizer(text, add_special_tokens=False)["input_ids"] == encoding.encode_ordinary(text)
+
+
+def _hf_convert(tmp_path, tokenizer_dir, *dataset_args):
+    from llmfoundry.cli import run_main
+    from llmfoundry.data.prep.json_data import main_hf
+
+    return run_main(main_hf, [*dataset_args, "--out_root", str(tmp_path / "out"), "--splits", "train",
+                              "--concat_tokens", "4", "--tokenizer", str(tokenizer_dir), "--num_workers", "1", "--quiet"])
+
+
+def test_hf_converter_json_files_and_offline_hub_ids_fail_in_one_line(tmp_path, tokenizer_dir, capsys, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "a b c"}\n{"text": "d e"}\n{"text": "oops\n{"text": "x"}\n')
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    cases = [
+        (["--dataset", "json", "--data_files", str(bad)], r"^error: .*bad\.jsonl:3: malformed JSON"),
+        (["--dataset", "json", "--data_files", str(empty)], r"^error: --data_files: '.*empty\.jsonl' is empty"),
+        (["--dataset", "someone/not-cached-dataset"], r"^error: --dataset: the dataset 'someone/not-cached-dataset' "
+                                                      r"could not be loaded offline"),
+    ]
+    for args, expected in cases:
+        capsys.readouterr()
+        assert _hf_convert(tmp_path, tokenizer_dir, *args) == 2, args
+        err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+        assert len(err) == 1 and re.search(expected, err[0]), (args, err)
+
+
+def test_missing_eos_hint_names_the_flag_for_converters_and_the_key_for_yaml(text_folder, tokenizer_dir, tmp_path):
+    from llmfoundry.data.tokenizers import build_tokenizer
+
+    argv = ["--input_folder", str(text_folder), "--output_folder", str(tmp_path / "o"), "--concat_tokens", "32",
+            "--tokenizer", str(tokenizer_dir), "--tokenizer_kwargs", '{"eos_token": null}', "--processes", "1",
+            "--quiet"]
+    with pytest.raises(ConfigError) as caught:
+        text_main(argv)
+    assert "--tokenizer_kwargs '{\"eos_token\": " in str(caught.value) and "tokenizer.kwargs" not in str(caught.value)
+    with pytest.raises(ConfigError) as caught:
+        build_tokenizer(str(tokenizer_dir), {"eos_token": None})
+    assert "set tokenizer.kwargs.eos_token" in str(caught.value) and "--tokenizer_kwargs" not in str(caught.value)
+
+
+def custom_code_tokenizer(tokenizer_dir, folder):
+    """A copy of the test tokenizer whose tokenizer_config.json points AutoTokenizer at the folder's own code."""
+    import shutil
+
+    shutil.copytree(tokenizer_dir, folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.update(tokenizer_class="CustomTokenizer", auto_map={"AutoTokenizer": [None, "custom_tok.CustomTokenizer"]})
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    (folder / "custom_tok.py").write_text("from transformers import PreTrainedTokenizerFast\n\n\n"
+                                          "class CustomTokenizer(PreTrainedTokenizerFast):\n    pass\n")
+    return folder
+
+
+def test_text_converter_trust_remote_code_reaches_the_tokenizer(text_folder, tokenizer_dir, tmp_path):
+    folder = custom_code_tokenizer(tokenizer_dir, tmp_path / "custom_tok")
+    argv = ["--input_folder", str(text_folder), "--output_folder", str(tmp_path / "o"), "--concat_tokens", "32",
+            "--tokenizer", str(folder), "--processes", "1", "--quiet"]
+    with pytest.raises(ConfigError, match=r"^--tokenizer: .*runs its own code.*pass --trust-remote-code"):
+        text_main(argv)
+    assert text_main([*argv, "--trust-remote-code"]) == 0
+    assert json.loads((tmp_path / "o" / "index.json").read_text())["shards"]

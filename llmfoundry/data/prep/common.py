@@ -316,6 +316,14 @@ def parse_json_kwargs(text: str | None, flag: str) -> dict[str, Any]:
     return value
 
 
+def tokenizer_kwargs_from_args(args) -> dict[str, Any]:
+    """``--tokenizer_kwargs`` (a JSON object), plus ``trust_remote_code`` when ``--trust-remote-code`` is given."""
+    kwargs = parse_json_kwargs(args.tokenizer_kwargs, "--tokenizer_kwargs")
+    if getattr(args, "trust_remote_code", False):
+        kwargs["trust_remote_code"] = True
+    return kwargs
+
+
 def default_processes() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
 

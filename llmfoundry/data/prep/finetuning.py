@@ -27,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compression", default="zstd", help="shard compression ('none' for none)")
     parser.add_argument("--tokenizer", required=True, help="HF tokenizer id/folder, .model file, or tiktoken")
     parser.add_argument("--tokenizer_kwargs", default=None, help="JSON object of tokenizer kwargs")
+    parser.add_argument("--trust-remote-code", "--trust_remote_code", dest="trust_remote_code", action="store_true",
+                        help="let a Hugging Face tokenizer run its own code (passed to AutoTokenizer)")
     parser.add_argument("--max_seq_len", type=int, required=True, help="tokens per example; longer ones are truncated")
     parser.add_argument("--target_prompts", default="none", help="none, all, or length>=N")
     parser.add_argument("--target_responses", default="last", choices=["last", "all"])
@@ -34,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num_workers", "--processes", dest="num_workers", type=int, default=None,
                         help="accepted for compatibility; finetuning examples are tokenized in one process")
     args = parser.parse_args(argv)
-    tokenizer = build_tokenizer(args.tokenizer, common.parse_json_kwargs(args.tokenizer_kwargs, "--tokenizer_kwargs"))
+    tokenizer = build_tokenizer(args.tokenizer, common.tokenizer_kwargs_from_args(args), cli=True)
     common.require_eos(tokenizer)
     compression = None if str(args.compression).lower() in ("none", "") else args.compression
     dtype = common.tokens_dtype(common.vocab_size_of(tokenizer) + 1)  # labels hold -100: stored signed below

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections.abc import Iterator
 
 from llmfoundry.config.errors import ConfigError
@@ -103,13 +104,15 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num_workers", "--processes", dest="num_workers", type=int, default=None,
                         help="tokenizer processes (default: all cores)")
     parser.add_argument("--text_field", default="text", help="field holding the document text")
+    parser.add_argument("--trust-remote-code", "--trust_remote_code", dest="trust_remote_code", action="store_true",
+                        help="let a Hugging Face tokenizer run its own code (passed to AutoTokenizer)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def _prepare(args):
     from llmfoundry.data.tokenizers import build_tokenizer
 
-    tokenizer = build_tokenizer(args.tokenizer, common.parse_json_kwargs(args.tokenizer_kwargs, "--tokenizer_kwargs"))
+    tokenizer = build_tokenizer(args.tokenizer, common.tokenizer_kwargs_from_args(args), cli=True)
     common.require_eos(tokenizer)
     eos_text = tokenizer.eos_token if args.eos_text is None else args.eos_text
     spec = ConcatSpec(args.concat_tokens, args.bos_text or "", eos_text or "", args.no_wrap)
@@ -140,28 +143,94 @@ def main_json(argv: list[str] | None = None) -> int:
     return 0
 
 
-def load_hf_split(dataset: str, subset: str | None, split: str, kwargs: dict | None = None):
-    """A split of a HF dataset: a folder saved with ``save_to_disk``, a data-file builder, or a hub id."""
-    import os
+def _offline() -> bool:
+    return any(os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+               for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
+
+def _is_network_error(error: BaseException) -> bool:
+    names = " ".join(type(e).__name__ for e in _chain(error)).lower()
+    text = " ".join(str(e) for e in _chain(error)).lower()
+    return (isinstance(error, ConnectionError) or "offline" in names or "connection" in names or "timeout" in names
+            or "offline" in text or "couldn't reach" in text or "failed to resolve" in text)
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    """``error`` and its causes/contexts (datasets wraps the real problem)."""
+    seen: list[BaseException] = []
+    while error is not None and error not in seen and len(seen) < 10:
+        seen.append(error)
+        error = error.__cause__ or error.__context__
+    return seen
+
+
+def _data_file_list(data_files) -> list[str]:
+    if isinstance(data_files, str):
+        return [data_files]
+    if isinstance(data_files, dict):
+        return [f for value in data_files.values() for f in _data_file_list(value)]
+    return [str(f) for f in data_files or []]
+
+
+def load_hf_split(dataset: str, subset: str | None, split: str, kwargs: dict | None = None, *,
+                  dataset_key: str = "--dataset", split_key: str = "--splits", files_key: str = "--data_files"):
+    """A split of a HF dataset: a folder saved with ``save_to_disk``, a data-file builder, or a hub id.
+
+    Every failure is a one-line ConfigError naming the flag (or YAML key, with ``*_key``): a malformed JSON line
+    by file and line, an empty data file, a hub id that cannot be loaded offline.
+    """
     try:
         import datasets
     except ImportError:
-        raise ConfigError("--dataset: Hugging Face datasets needs the `datasets` package (pip install datasets)") from None
+        raise ConfigError(f"{dataset_key}: Hugging Face datasets needs the `datasets` package (pip install datasets)") from None
     if os.path.isdir(dataset) and (os.path.isfile(os.path.join(dataset, "dataset_dict.json"))
                                    or os.path.isfile(os.path.join(dataset, "dataset_info.json"))):
         loaded = datasets.load_from_disk(dataset)
         if isinstance(loaded, datasets.DatasetDict):
             if split not in loaded:
-                raise ConfigError(f"--splits: '{dataset}' has no split '{split}' (splits: {', '.join(loaded)})")
+                raise ConfigError(f"{split_key}: '{dataset}' has no split '{split}' (splits: {', '.join(loaded)})")
             return loaded[split]
         return loaded
+    kwargs = dict(kwargs or {})
+    files = _data_file_list(kwargs.get("data_files"))
+    for file in files:
+        if common.is_remote(file) or any(c in file for c in "*?["):
+            continue
+        if not os.path.isfile(file):
+            raise ConfigError(f"{files_key}: '{file}' does not exist")
+        if os.path.getsize(file) < 1 << 16:  # a small file: cheap to check for "nothing but whitespace"
+            with open(file, "rb") as f:
+                if not f.read().strip():
+                    raise ConfigError(f"{files_key}: '{file}' is empty (no records); remove it or add data")
     try:
-        return datasets.load_dataset(dataset, subset, split=split, **(kwargs or {}))
-    except ValueError as error:
-        raise ConfigError(f"--splits: cannot load split '{split}' of '{dataset}': {str(error).splitlines()[0]}") from None
-    except FileNotFoundError as error:
-        raise ConfigError(f"--dataset: '{dataset}' not found ({str(error).splitlines()[0]})") from None
+        return datasets.load_dataset(dataset, subset, split=split, **kwargs)
+    except ConfigError:
+        raise
+    except Exception as error:  # noqa: BLE001 - every failure becomes one line
+        raise _load_error(dataset, subset, split, files, error, dataset_key, split_key, files_key) from None
+
+
+def _load_error(dataset, subset, split, files, error, dataset_key, split_key, files_key) -> ConfigError:
+    first = " ".join(str(error).split())[:200] or type(error).__name__
+    if files and dataset in ("json", "jsonl"):
+        for file in files:  # datasets' parse errors name neither file nor line: find the first bad record
+            if not common.is_remote(file) and not any(c in file for c in "*?["):
+                if sum(1 for _ in iter_records(file)) == 0:  # reads every line: a bad one raises with file:line
+                    return ConfigError(f"{files_key}: '{file}' holds no records; remove it or add data")
+    is_path = os.path.exists(dataset) or dataset in ("json", "jsonl", "csv", "text", "parquet", "arrow")
+    if not is_path and (_is_network_error(error) or (_offline() and isinstance(error, (FileNotFoundError, OSError)))):
+        why = "HF_HUB_OFFLINE is set" if _offline() else "no network"
+        return ConfigError(
+            f"{dataset_key}: the dataset '{dataset}' could not be loaded offline ({why}) and is not in the local "
+            "cache; download it where there is network (datasets.load_dataset(...).save_to_disk(FOLDER)) and pass "
+            f"the folder, or convert local files with --dataset json {files_key} FILE"
+        )
+    if isinstance(error, FileNotFoundError):
+        return ConfigError(f"{dataset_key}: '{dataset}' not found ({first})")
+    if isinstance(error, ValueError):
+        return ConfigError(f"{split_key}: cannot load split '{split}' of '{dataset}' ({first})")
+    return ConfigError(f"{dataset_key}: cannot load '{dataset}'{f' ({subset})' if subset else ''} split '{split}': "
+                       f"{type(error).__name__}: {first}")
 
 
 def main_hf(argv: list[str] | None = None) -> int:

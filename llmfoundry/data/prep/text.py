@@ -35,7 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--processes", "--num_workers", type=int, default=None, help="worker processes (default: all cores)")
     parser.add_argument("--files_per_group", type=int, default=None, help="files per resumable unit of work")
     parser.add_argument("--reprocess", action="store_true", help="start over instead of resuming")
-    parser.add_argument("--trust-remote-code", dest="trust_remote_code", action="store_true")
+    parser.add_argument("--trust-remote-code", "--trust_remote_code", dest="trust_remote_code", action="store_true",
+                        help="let a Hugging Face tokenizer run its own code (passed to AutoTokenizer)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -56,7 +57,7 @@ def _convert_group(job: dict) -> dict:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     from llmfoundry.data.tokenizers import build_tokenizer
 
-    tokenizer = build_tokenizer(job["tokenizer"], job["tokenizer_kwargs"])
+    tokenizer = build_tokenizer(job["tokenizer"], job["tokenizer_kwargs"], cli=True)
     spec = ConcatSpec(**job["spec"])
     common.remove_tree(job["out"])  # a part left half-written by an interrupted run
     stats = common.write_concatenated(
@@ -96,8 +97,8 @@ def convert(args) -> dict:
     from llmfoundry.data.tokenizers import build_tokenizer
 
     compression = None if str(args.compression).lower() in ("none", "") else args.compression
-    tokenizer_kwargs = common.parse_json_kwargs(args.tokenizer_kwargs, "--tokenizer_kwargs")
-    tokenizer = build_tokenizer(args.tokenizer, tokenizer_kwargs)
+    tokenizer_kwargs = common.tokenizer_kwargs_from_args(args)  # with trust_remote_code: the workers get it too
+    tokenizer = build_tokenizer(args.tokenizer, tokenizer_kwargs, cli=True)
     common.require_eos(tokenizer)
     eos_text = tokenizer.eos_token if args.eos_text is None else args.eos_text
     spec = ConcatSpec(args.concat_tokens, args.bos_text or "", eos_text or "", args.no_wrap)
@@ -105,7 +106,7 @@ def convert(args) -> dict:
         raise ConfigError(f"--concat_tokens: expected a positive sample length, got {spec.concat_tokens}")
     processes = args.processes or common.default_processes()
     output = args.output_folder.rstrip("/")
-    key = _settings_key(args, spec, tokenizer_kwargs)
+    key = _settings_key(args, spec, {k: v for k, v in tokenizer_kwargs.items() if k != "trust_remote_code"})
     progress_path = common.join(output, PROGRESS_FILE)
 
     if args.reprocess:
