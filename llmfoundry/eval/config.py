@@ -13,12 +13,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 
 from llmfoundry.config.errors import ConfigError, did_you_mean
+from llmfoundry import registry
 from llmfoundry.config.fields import option
+from llmfoundry.config.validate import RegisteredMap
 
 TASK_TYPES = ("language_modeling", "multiple_choice", "schema", "generation_task_with_answers", "code_evaluation")
 log = logging.getLogger(__name__)
@@ -54,7 +56,10 @@ class ICLTaskConfig:
     strip_dataset: bool = option(True, "strip leading/trailing whitespace of every string field of a record")
     hf_loading_vars: dict[str, Any] = option({}, "keyword arguments of datasets.load_dataset for hf:// URIs")
     hf_parsing_map: dict[str, Any] = option({}, "{icl_key: [hf_column, ...]} joined with spaces, for hf:// URIs")
-    metric_names: list[str] | None = option(None, "accepted for llm-foundry compatibility; metrics follow the type")
+    metric_names: list[str] | None = option(
+        None, "report only these metrics: accuracy, acc, acc_norm, or llm-foundry's metric class names (e.g. "
+        "InContextLearningMultipleChoiceAccuracy = accuracy) (none = every metric of the task type)"
+    )
     pass_at_k: int = option(1, "code evaluation: k", unsupported="code_evaluation tasks")
     generations_per_sample: int = option(1, "code evaluation: samples per prompt", unsupported="code_evaluation tasks")
     icl_subset_num_batches: int | None = option(
@@ -125,13 +130,25 @@ class GauntletConfig:
 
 
 @dataclass
+class EvalTokenizerConfig:
+    name: str | None = option(None, "Hugging Face tokenizer folder or hub id, a SentencePiece .model file, or "
+                                    "'tiktoken' (none = the model's own)")
+    kwargs: dict[str, Any] = option({}, "passed to the tokenizer (model_max_length defaults to max_seq_len)")
+
+
+@dataclass
 class EvalModelConfig:
-    model_name: str = option(doc="name of the model in tables and the results file")
+    model_name: str = option(doc="name of the model in tables and the results file (unique)")
     model: dict[str, Any] = option(
-        {}, "model section: {name: hf_causal_lm, pretrained_model_name_or_path: FOLDER} or a registered model"
+        {}, "the model section of a training recipe: name (default hf_causal_lm) and that model's settings, "
+        "validated and built as in training (e.g. pretrained_model_name_or_path, config_overrides, pretrained)"
     )
-    tokenizer: dict[str, Any] = option({}, "tokenizer: {name: FOLDER_OR_ID, kwargs: {...}} (default: the model's)")
-    load_path: str | None = option(None, "our training checkpoint (local or s3://) or a Hugging Face folder")
+    tokenizer: EvalTokenizerConfig | None = option(
+        None, "tokenizer: {name: FOLDER_OR_ID, kwargs: {...}} (default: the model folder's or the checkpoint's own)"
+    )
+    load_path: str | None = option(
+        None, "our training checkpoint or save_folder, or a Hugging Face folder; local or s3:// (downloaded first)"
+    )
 
 
 @dataclass
@@ -148,7 +165,10 @@ class EvalConfig:
     results_path: str | None = option("eval_results.json", "write all metrics here as JSON (none = do not)")
     table_path: str | None = option(None, "also write the markdown tables to this file")
     plot_path: str | None = option(None, "save a bar chart of the gauntlet scores here (needs matplotlib)")
-    loggers: dict[str, Any] = option({}, "loggers (accepted; results go to stdout and results_path)")
+    loggers: Annotated[dict, RegisteredMap(registry.loggers)] = option(
+        {}, "loggers by name with their settings, as in training (jsonl, wandb, ...): each model's task metrics and "
+        "gauntlet scores are logged as {model_name}/icl/..., model i at step i"
+    )
     icl_subset_num_batches: int | None = option(
         None, "evaluate only the examples of each task's first N batches, in file order (as llm-foundry)"
     )
@@ -190,6 +210,50 @@ def _raw_task_problems(raw: Any, path: str) -> list[str]:
     return []
 
 
+# llm-foundry's metric class names -> the metric they compute here
+LLM_FOUNDRY_METRICS = {
+    "InContextLearningLMAccuracy": ("accuracy", ("language_modeling",)),
+    "InContextLearningMultipleChoiceAccuracy": ("accuracy", ("multiple_choice", "schema")),
+    "InContextLearningGenerationExactMatchAccuracy": ("accuracy", ("generation_task_with_answers",)),
+    "InContextLearningGenerationAccuracy": ("accuracy", ("generation_task_with_answers",)),
+    "InContextLearningQAAccuracy": ("accuracy", ("generation_task_with_answers",)),
+}
+# the metrics each task type reports
+TYPE_METRICS = {
+    "language_modeling": ("accuracy", "acc"),
+    "multiple_choice": ("accuracy", "acc", "acc_norm"),
+    "schema": ("accuracy", "acc", "acc_norm"),
+    "generation_task_with_answers": ("accuracy",),
+}
+
+
+def selected_metrics(task: ICLTaskConfig) -> set[str] | None:
+    """The metrics ``metric_names`` keeps (None = all): our names, or llm-foundry's class names mapped to ours."""
+    if task.metric_names is None:
+        return None
+    return {LLM_FOUNDRY_METRICS[n][0] if n in LLM_FOUNDRY_METRICS else n for n in task.metric_names}
+
+
+def _check_metric_names(task: ICLTaskConfig, path: str) -> None:
+    if task.metric_names is None:
+        return
+    available = TYPE_METRICS.get(task.icl_task_type, ())
+    problems = []
+    for name in task.metric_names:
+        if name in LLM_FOUNDRY_METRICS:
+            if task.icl_task_type not in LLM_FOUNDRY_METRICS[name][1]:
+                problems.append(f"{path}.metric_names: {name} does not apply to {task.icl_task_type} tasks "
+                                f"({task.label})")
+        elif name not in available:
+            known = [*available, *(n for n, (_, types) in LLM_FOUNDRY_METRICS.items() if task.icl_task_type in types)]
+            problems.append(f"{path}.metric_names: '{name}' is not supported for {task.icl_task_type} tasks "
+                            f"({task.label}); choose from {', '.join(known)}")
+    if not task.metric_names:
+        problems.append(f"{path}.metric_names: give at least one metric, or leave the key out ({task.label})")
+    if problems:
+        raise ConfigError.many(problems)
+
+
 def _finish_task(task: ICLTaskConfig, path: str) -> ICLTaskConfig:
     """llm-foundry's aliases resolved (question_answering, prelimiter) and num_fewshot made a list."""
     if isinstance(task.num_fewshot, int):
@@ -203,6 +267,7 @@ def _finish_task(task: ICLTaskConfig, path: str) -> ICLTaskConfig:
             raise ConfigError(f"{path}.prelimiter: set either prelimiter or question_prelimiter, not both "
                               f"({task.label}; they are the same setting)")
         task.question_prelimiter, task.prelimiter = task.prelimiter, None
+    _check_metric_names(task, path)
     return task
 
 
@@ -276,4 +341,7 @@ def load_eval_config(data: dict[str, Any]) -> EvalConfig:
     cfg.eval_gauntlet = load_gauntlet(cfg.eval_gauntlet)
     if not cfg.models:
         raise ConfigError("models: give at least one model to evaluate")
+    from llmfoundry.eval.models import check_models
+
+    check_models(cfg.models)
     return cfg

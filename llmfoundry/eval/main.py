@@ -3,8 +3,10 @@
 The recipe has llm-foundry's eval shape (``models`` list, ``icl_tasks``, ``eval_gauntlet``, ``max_seq_len``,
 ``device_eval_batch_size``, ``precision``, ...; see llmfoundry.eval.config.EvalConfig). Each model is a Hugging
 Face folder (``load_path`` or ``model.pretrained_model_name_or_path``) or one of our training checkpoints
-(``load_path``). Prints a markdown table per model and the gauntlet table, writes ``results_path`` (JSON) and,
-with ``plot_path``, a bar chart. Under torchrun the examples are split across ranks.
+(``load_path``), local or ``s3://``; a ``model`` section is validated and built as in training (see
+llmfoundry.eval.models). Prints a markdown table per model and the gauntlet table, writes ``results_path`` (JSON),
+logs to the recipe's ``loggers`` and, with ``plot_path``, draws a bar chart (gauntlet scores, or task accuracies
+without a gauntlet). Under torchrun the examples are split across ranks.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from typing import Any
 
 import torch
 
-from llmfoundry.config.errors import ConfigError
 from llmfoundry.eval.config import EvalConfig, EvalModelConfig, load_eval_config
 from llmfoundry.eval.gauntlet import (
     compute_gauntlet,
@@ -40,61 +41,23 @@ def read_config(path: str, overrides: list[str]) -> EvalConfig:
     return load_eval_config(load_config(path, overrides))
 
 
-def _is_hf_folder(path: str) -> bool:
-    return (Path(path) / "config.json").is_file()
+def load_model(spec: EvalModelConfig, device: torch.device, cfg: EvalConfig | None = None):
+    """(model, tokenizer) for one entry of ``models`` (see llmfoundry.eval.models)."""
+    from llmfoundry.eval.models import load_model as load
+
+    if cfg is None:
+        return load(spec, device)
+    return load(spec, device, max_seq_len=cfg.max_seq_len, precision=cfg.precision)
 
 
-def _tokenizer_for(spec: EvalModelConfig, default_dir: str | None):
-    if spec.tokenizer.get("name"):
-        from llmfoundry.data.tokenizers import build_tokenizer
-
-        return build_tokenizer(spec.tokenizer["name"], spec.tokenizer.get("kwargs") or {})
-    if default_dir is None:
-        raise ConfigError(f"models.{spec.model_name}.tokenizer.name: give the tokenizer (folder or hub id)")
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(default_dir)
-
-
-def load_model(spec: EvalModelConfig, device: torch.device):
-    """(model, tokenizer) for one entry of ``models``."""
-    from transformers import AutoModelForCausalLM
-
-    key = f"models.{spec.model_name}"
-    name = spec.model.get("name")
-    hf_path = spec.model.get("pretrained_model_name_or_path")
-    if spec.load_path and _is_hf_folder(spec.load_path):
-        hf_path, name = spec.load_path, "hf_causal_lm"
-    elif spec.load_path:  # one of our training checkpoints
-        try:
-            from llmfoundry.train.checkpoint import load_model_for_inference
-        except ImportError as error:
-            raise ConfigError(f"{key}.load_path: loading training checkpoints is not available ({error})") from None
-        model, tokenizer = load_model_for_inference(spec.load_path, device=device)
-        if spec.tokenizer.get("name"):
-            tokenizer = _tokenizer_for(spec, None)
-        return model, tokenizer
-    if name in (None, "hf_causal_lm"):
-        if not hf_path:
-            raise ConfigError(f"{key}: give load_path or model.pretrained_model_name_or_path")
-        kwargs: dict[str, Any] = {"dtype": torch.float32}
-        if spec.model.get("trust_remote_code"):
-            kwargs["trust_remote_code"] = True
-        try:
-            model = AutoModelForCausalLM.from_pretrained(hf_path, **kwargs)
-        except OSError as error:
-            raise ConfigError(f"{key}: cannot load a Hugging Face model from '{hf_path}': {error}") from None
-        return model.to(device), _tokenizer_for(spec, hf_path)
-    # any other registered model (random weights unless load_path)
+def build_loggers(cfg: EvalConfig, run_name: str) -> list:
+    """The recipe's loggers, built by the trainer's registry builders (rank 0 only)."""
+    if not cfg.loggers:
+        return []
     from llmfoundry import registry
-    from llmfoundry.config.validate import validate
+    from llmfoundry.train.builders import build_named
 
-    entry = registry.models.get(name, key=f"{key}.model.name")
-    settings = {k: v for k, v in spec.model.items() if k != "name"}
-    if entry.config is not None:
-        settings = validate(settings, entry.config, f"{key}.model")
-    tokenizer = _tokenizer_for(spec, None)
-    return entry.builder(settings, tokenizer).to(device), tokenizer
+    return build_named(registry.loggers, cfg.loggers, run_name)
 
 
 def run_eval(cfg: EvalConfig) -> dict[str, dict[str, Any]]:
@@ -106,11 +69,27 @@ def run_eval(cfg: EvalConfig) -> dict[str, dict[str, Any]]:
     torch.manual_seed(cfg.seed)
     results: dict[str, dict[str, Any]] = {}
     printed: list[str] = []
-    for spec in cfg.models:
+    run_name = cfg.run_name or time.strftime("eval-%Y%m%d-%H%M%S")
+    loggers = build_loggers(cfg, run_name) if info.is_main else []
+    if loggers:
+        from llmfoundry.config.validate import to_plain
+
+        for logger in loggers:
+            logger.log_hyperparameters(to_plain(cfg))
+    try:
+        _evaluate_models(cfg, info, results, printed, loggers)
+    finally:
+        for logger in loggers:
+            logger.close()
+    if info.is_main:
+        _write_outputs(cfg, results, printed)
+    return results
+
+
+def _evaluate_models(cfg: EvalConfig, info, results: dict, printed: list[str], loggers: list) -> None:
+    for step, spec in enumerate(cfg.models):
         start = time.perf_counter()
-        model, tokenizer = load_model(spec, info.device)
-        if cfg.precision == "bf16":
-            model = model.to(torch.bfloat16)
+        model, tokenizer = load_model(spec, info.device, cfg)
         evaluator = ICLEvaluator(
             cfg.icl_tasks,
             tokenizer,
@@ -134,26 +113,30 @@ def run_eval(cfg: EvalConfig) -> dict[str, dict[str, Any]]:
             table = f"## {spec.model_name}\n\n{tasks_table(metrics)}\n"
             print(table, flush=True)
             printed.append(table)
+            logged = {f"{spec.model_name}/{k}": float(v) for k, v in {**metrics, **gauntlet}.items()}
+            for logger in loggers:
+                logger.log_metrics(logged, step)
         del model
-    if info.is_main:
+
+
+def _write_outputs(cfg: EvalConfig, results: dict, printed: list[str]) -> None:
+    if cfg.eval_gauntlet:
+        table = "## gauntlet\n\n" + gauntlet_table({m: r["gauntlet"] for m, r in results.items()}) + "\n"
+        print(table, flush=True)
+        printed.append(table)
+    if cfg.results_path:
+        Path(cfg.results_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(cfg.results_path).write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+        print(f"results written to {cfg.results_path}")
+    if cfg.table_path:
+        Path(cfg.table_path).write_text("\n".join(printed))
+    if cfg.plot_path:
+        Path(cfg.plot_path).parent.mkdir(parents=True, exist_ok=True)
         if cfg.eval_gauntlet:
-            table = "## gauntlet\n\n" + gauntlet_table({m: r["gauntlet"] for m, r in results.items()}) + "\n"
-            print(table, flush=True)
-            printed.append(table)
-        if cfg.results_path:
-            Path(cfg.results_path).parent.mkdir(parents=True, exist_ok=True)
-            Path(cfg.results_path).write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
-            print(f"results written to {cfg.results_path}")
-        if cfg.table_path:
-            Path(cfg.table_path).write_text("\n".join(printed))
-        if cfg.plot_path:
-            Path(cfg.plot_path).parent.mkdir(parents=True, exist_ok=True)
-            if cfg.eval_gauntlet:
-                if plot_gauntlet({m: r["gauntlet"] for m, r in results.items()}, cfg.plot_path):
-                    print(f"gauntlet chart written to {cfg.plot_path}")
-            elif plot_task_accuracies({m: r["metrics"] for m, r in results.items()}, cfg.plot_path):
-                print(f"task accuracy chart written to {cfg.plot_path}")
-    return results
+            if plot_gauntlet({m: r["gauntlet"] for m, r in results.items()}, cfg.plot_path):
+                print(f"gauntlet chart written to {cfg.plot_path}")
+        elif plot_task_accuracies({m: r["metrics"] for m, r in results.items()}, cfg.plot_path):
+            print(f"task accuracy chart written to {cfg.plot_path}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from llmfoundry.eval.config import ICLTaskConfig, load_icl_tasks
+from llmfoundry.eval.config import ICLTaskConfig, load_icl_tasks, selected_metrics
 from llmfoundry.eval.icl.data import read_records
 from llmfoundry.eval.icl.metrics import CHOICE_RULES, generation_correct
 from llmfoundry.eval.icl.scoring import (
@@ -265,7 +265,8 @@ class ICLEvaluator:
         out: dict[str, float] = {}
         if not run.results:
             return out
-        names = list(run.results[0]["correct"])
+        keep = selected_metrics(run.cfg)
+        names = [n for n in run.results[0]["correct"] if keep is None or n in keep]
         prefix = f"icl/{run.name}"
         if run.cfg.has_categories:
             by_cat: dict[str, list[dict]] = {}
