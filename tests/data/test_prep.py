@@ -146,3 +146,35 @@ def test_text_converter_trust_remote_code_reaches_the_tokenizer(text_folder, tok
         text_main(argv)
     assert text_main([*argv, "--trust-remote-code"]) == 0
     assert json.loads((tmp_path / "o" / "index.json").read_text())["shards"]
+
+
+def concat_reference(token_lists, length, no_wrap):
+    """llm-foundry's ConcatTokensDataset loop: append a document, emit samples while the buffer is full."""
+    buffer, samples = [], []
+    for tokens in token_lists:
+        buffer = buffer + tokens
+        while len(buffer) >= length:
+            samples.append(buffer[:length])
+            buffer = [] if no_wrap else buffer[length:]
+    return samples
+
+
+@pytest.mark.parametrize("no_wrap", [False, True])
+def test_concatenation_matches_llm_foundry_with_and_without_no_wrap(tmp_path, corpus, tokenizer_dir, tokenizer, no_wrap):
+    from llmfoundry.data.prep.json_data import main_json
+    from llmfoundry.data.streaming_guard import import_streaming
+
+    docs = [" ".join(corpus[i : i + 6]) if i % 7 == 0 else corpus[i] for i in range(60)]  # long (> 3 samples) and short
+    (tmp_path / "d.jsonl").write_text("\n".join(json.dumps({"text": d}) for d in docs))
+    argv = ["--path", str(tmp_path / "d.jsonl"), "--out_root", str(tmp_path / "o"), "--concat_tokens", "32",
+            "--tokenizer", str(tokenizer_dir), "--num_workers", "1", "--quiet", *(["--no_wrap"] if no_wrap else [])]
+    assert main_json(argv) == 0
+    ds = import_streaming().StreamingDataset(local=str(tmp_path / "o" / "train"))
+    written = [ds[i]["tokens"].tolist() for i in range(len(ds))]
+    token_lists = [tokenizer(d, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for d in docs]
+    assert max(len(t) for t in token_lists) > 3 * 32
+    assert written == concat_reference(token_lists, 32, no_wrap)
+    if no_wrap:  # a document filling a sample yields that one sample: a long document is never continued
+        assert len(written) <= len(docs) < len(concat_reference(token_lists, 32, False))
+        long_doc = token_lists[0]  # docs[0] is long: it starts sample 0, which holds only its first 32 tokens
+        assert written[0] == long_doc[:32] and long_doc[32:64] not in written

@@ -3,8 +3,10 @@
 A pretraining MDS dataset holds one column, ``tokens``: fixed-length arrays of ``concat_tokens`` token ids in the
 smallest unsigned integer dtype that holds every id of the tokenizer (``uint16`` for vocabularies up to 65,536).
 Documents are tokenized, each wrapped as ``bos_text + document + eos_text``, concatenated, and cut into samples;
-a sample may hold the end of one document and the start of the next (``--no_wrap`` drops the rest of a document
-instead of carrying it into the next sample). Tokens left over at the end (fewer than one sample) are dropped.
+a sample may hold the end of one document and the start of the next. ``--no_wrap`` (llm-foundry's semantics): when
+a document fills a sample, that sample is written and the rest of the document is dropped, so a document never
+continues into the next sample (a long document yields one sample). Tokens left over at the end (fewer than one
+sample) are dropped.
 """
 
 from __future__ import annotations
@@ -244,14 +246,17 @@ class ConcatWriter:
                 self._write(row)
             self.carry = buffer[whole * length :].copy()
             return
+        # no_wrap (llm-foundry's ConcatTokensDataset): once a document fills a sample, that one sample is written
+        # and the rest of the document is dropped; a document never continues into the next sample. Shorter
+        # documents still share a sample: they are carried until one fills it.
         offsets = np.concatenate([[0], np.cumsum(lengths)])
         for start, end in zip(offsets[:-1], offsets[1:]):
             buffer = np.concatenate([self.carry, flat[start:end]])
-            whole = buffer.size // length
-            for row in buffer[: whole * length].reshape(whole, length):
-                self._write(row)
-            # no_wrap: a document that filled a sample does not continue into the next one
-            self.carry = buffer[whole * length :].copy() if whole == 0 else np.empty(0, dtype=np.int64)
+            if buffer.size >= length:
+                self._write(buffer[:length])
+                self.carry = np.empty(0, dtype=np.int64)
+            else:
+                self.carry = buffer
 
     def _write(self, row: np.ndarray) -> None:
         self.writer.write({TOKENS_COLUMN: row.astype(self.dtype)})

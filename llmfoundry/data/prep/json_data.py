@@ -100,7 +100,8 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenizer_kwargs", default=None, help="JSON object of tokenizer kwargs")
     parser.add_argument("--bos_text", default="", help="text put before every document")
     parser.add_argument("--eos_text", default=None, help="text put after every document (default: the EOS token)")
-    parser.add_argument("--no_wrap", action="store_true", help="drop the rest of a document instead of wrapping it")
+    parser.add_argument("--no_wrap", action="store_true",
+                        help="a document that fills a sample ends there: the rest of it is dropped, not wrapped")
     parser.add_argument("--num_workers", "--processes", dest="num_workers", type=int, default=None,
                         help="tokenizer processes (default: all cores)")
     parser.add_argument("--text_field", default="text", help="field holding the document text")

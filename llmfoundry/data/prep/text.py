@@ -30,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenizer_kwargs", default=None, help="JSON object of tokenizer kwargs")
     parser.add_argument("--bos_text", default="", help="text put before every document (e.g. the BOS token)")
     parser.add_argument("--eos_text", default=None, help="text put after every document (default: the EOS token)")
-    parser.add_argument("--no_wrap", action="store_true", help="drop the rest of a document instead of wrapping it")
+    parser.add_argument("--no_wrap", action="store_true",
+                        help="a document that fills a sample ends there: the rest of it is dropped, not wrapped")
     parser.add_argument("--compression", default="zstd", help="shard compression (zstd, gz, ...; 'none' for none)")
     parser.add_argument("--processes", "--num_workers", type=int, default=None, help="worker processes (default: all cores)")
     parser.add_argument("--files_per_group", type=int, default=None, help="files per resumable unit of work")
