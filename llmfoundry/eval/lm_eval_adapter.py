@@ -44,8 +44,13 @@ class LLMFoundryLM(LM):
 
     @classmethod
     def from_path(cls, path: str, **kwargs: Any) -> "LLMFoundryLM":
+        """Our checkpoint (a checkpoint folder or a save_folder) or a Hugging Face folder, local or ``s3://``
+        (downloaded first, as ``llmfoundry eval`` does)."""
         from pathlib import Path
 
+        from llmfoundry.eval.models import stage_model_path
+
+        path = stage_model_path(path, "path")
         device = kwargs.get("device", "cpu")
         if (Path(path) / "config.json").is_file():
             from transformers import AutoModelForCausalLM, AutoTokenizer
