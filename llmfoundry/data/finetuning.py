@@ -237,28 +237,63 @@ def build_encdec_example(turns, ds: FinetuningDatasetSettings) -> dict[str, list
     return {"input_ids": input_ids, "labels": labels}
 
 
+def _preprocessor(ds: FinetuningDatasetSettings, key: str):
+    if not ds.preprocessing_fn:
+        return None
+    from llmfoundry.data.prep.common import callable_from_spec
+
+    return callable_from_spec(ds.preprocessing_fn, f"{key}.preprocessing_fn")
+
+
+def _build_examples(tokenizer, ds: FinetuningDatasetSettings, key: str, preprocess, items) -> list[dict | None]:
+    """Tokenized examples of ``(where, raw)`` items, in order; None for one truncated to no target."""
+    out: list[dict[str, list[int]] | None] = []
+    for where, raw in items:
+        if preprocess is not None:
+            raw = preprocess(raw)
+            if not isinstance(raw, dict):
+                raise ConfigError(f"{where}: {ds.preprocessing_fn} returned {type(raw).__name__}, expected a dict")
+        turns = tokenize_example(tokenizer, raw, where)
+        out.append(build_example(turns, ds, key) if ds.decoder_only_format else build_encdec_example(turns, ds))
+    return out
+
+
+_worker_state: tuple | None = None
+
+
+def _init_example_worker(tokenizer, ds: FinetuningDatasetSettings, key: str) -> None:
+    global _worker_state
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one process per core already
+    _worker_state = (tokenizer, ds, key, _preprocessor(ds, key))  # the preprocessor is imported in each worker
+
+
+def _build_examples_in_worker(items) -> list[dict | None]:
+    assert _worker_state is not None
+    return _build_examples(*_worker_state, items)
+
+
 class FinetuningDataset(torch.utils.data.Dataset):
-    """Tokenized examples in memory; ``num_dropped`` counts examples truncated to nothing to learn."""
+    """Tokenized examples in memory; ``num_dropped`` counts examples truncated to nothing to learn.
 
-    def __init__(self, tokenizer, ds: FinetuningDatasetSettings, key: str):
-        preprocess = None
-        if ds.preprocessing_fn:
-            from llmfoundry.data.prep.common import callable_from_spec
+    ``num_workers > 1`` tokenizes chunks of examples in that many processes; the examples (and their order) are
+    the same as with one.
+    """
 
-            preprocess = callable_from_spec(ds.preprocessing_fn, f"{key}.preprocessing_fn")
-        self.examples: list[dict[str, list[int]]] = []
-        self.num_dropped = 0
-        for where, raw in load_raw_examples(ds, key):
-            if preprocess is not None:
-                raw = preprocess(raw)
-                if not isinstance(raw, dict):
-                    raise ConfigError(f"{where}: {ds.preprocessing_fn} returned {type(raw).__name__}, expected a dict")
-            turns = tokenize_example(tokenizer, raw, where)
-            example = build_example(turns, ds, key) if ds.decoder_only_format else build_encdec_example(turns, ds)
-            if example is None:
-                self.num_dropped += 1
-            else:
-                self.examples.append(example)
+    def __init__(self, tokenizer, ds: FinetuningDatasetSettings, key: str, *, num_workers: int = 1):
+        preprocess = _preprocessor(ds, key)
+        raw = load_raw_examples(ds, key)
+        if num_workers > 1 and len(raw) > 1:
+            from llmfoundry.data.prep.common import mp_context
+
+            per_chunk = max(1, min(1000, math.ceil(len(raw) / (num_workers * 4))))
+            chunks = [raw[i : i + per_chunk] for i in range(0, len(raw), per_chunk)]
+            with mp_context().Pool(min(num_workers, len(chunks)), initializer=_init_example_worker,
+                                   initargs=(tokenizer, ds, key)) as pool:
+                built = [example for part in pool.imap(_build_examples_in_worker, chunks) for example in part]
+        else:
+            built = _build_examples(tokenizer, ds, key, preprocess, raw)
+        self.examples: list[dict[str, list[int]]] = [e for e in built if e is not None]
+        self.num_dropped = len(built) - len(self.examples)
         if self.num_dropped:
             message = (f"{key}: dropped {self.num_dropped} of {self.num_dropped + len(self.examples)} examples with "
                        f"no target token left after truncation to max_seq_len={ds.max_seq_len}")
@@ -494,6 +529,9 @@ def build_finetuning_dataloader(settings: FinetuningLoaderSettings, tokenizer, d
     ratio = ds.packing_ratio
     if ratio is not None and not ds.decoder_only_format:
         raise ConfigError(f"{key}.dataset.packing_ratio: packing needs decoder_only_format: true")
+    if not ds.decoder_only_format and (ds.target_prompts != "none" or ds.target_responses != "last"):
+        raise ConfigError(f"{key}.dataset.decoder_only_format: false makes the last response the labels; leave "
+                          "target_prompts none and target_responses last")
     if mds:
         if ratio == "auto":
             raise ConfigError(f"{key}.dataset.packing_ratio: 'auto' needs hf_name data; set a number for MDS data")

@@ -124,3 +124,49 @@ def test_finetuning_converter_output_feeds_the_loader_with_packing(tmp_path, cor
     for b in batches:
         target = b["labels"][:, 1:] != IGNORE_INDEX
         assert torch.all(b["sequence_id"][:, 1:][target] == b["sequence_id"][:, :-1][target])
+
+
+def _tree_bytes(root):
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_finetuning_converter_num_workers_tokenize_in_processes_with_identical_output(tmp_path, corpus, tokenizer_dir):
+    import os
+
+    from llmfoundry.data.prep.finetuning import main
+
+    path = chat_jsonl(tmp_path / "chat.jsonl", corpus, n=80)
+    pids = tmp_path / "pids.txt"
+    (tmp_path / "pre.py").write_text(
+        "import os\n\n\ndef identity(example):\n"
+        f"    with open({str(pids)!r}, 'a') as f:\n        f.write(f'{{os.getpid()}}\\n')\n    return example\n")
+    outputs = {}
+    for workers in (1, 3):
+        pids.write_text("")
+        out = tmp_path / f"ft{workers}"
+        assert main(["--dataset", str(path), "--out_root", str(out), "--tokenizer", str(tokenizer_dir),
+                     "--max_seq_len", "64", "--splits", "train", "--preprocessor", f"{tmp_path / 'pre.py'}:identity",
+                     "--num_workers", str(workers)]) == 0
+        seen = set(pids.read_text().split())
+        assert (seen == {str(os.getpid())}) == (workers == 1), seen  # 3 workers: tokenized in other processes
+        outputs[workers] = _tree_bytes(out)
+    assert outputs[1] and outputs[1] == outputs[3]
+
+
+def test_finetuning_converter_llm_foundry_flags(tmp_path, corpus, tokenizer_dir, capsys):
+    from llmfoundry.data.prep.finetuning import main
+
+    path = chat_jsonl(tmp_path / "chat.jsonl", corpus, n=20)
+    base = ["--dataset", str(path), "--tokenizer", str(tokenizer_dir), "--max_seq_len", "64", "--splits", "train",
+            "--num_workers", "1"]
+    assert main([*base, "--out_root", str(tmp_path / "a"), "--no-decoder_only_format"]) == 0
+    assert main([*base, "--out_root", str(tmp_path / "b"), "--encoder_decoder", "--skip-preprocessing",
+                 "--logging-level", "info"]) == 0
+    assert "tokenizing split 'train'" in capsys.readouterr().err
+    assert _tree_bytes(tmp_path / "a") == _tree_bytes(tmp_path / "b")
+    with pytest.raises(ConfigError, match="--encoder_decoder: .*--target_prompts none"):
+        main([*base, "--out_root", str(tmp_path / "c"), "--encoder_decoder", "--target_prompts", "all"])
+    with pytest.raises(ConfigError, match="--skip-preprocessing: set it or --preprocessor"):
+        main([*base, "--out_root", str(tmp_path / "c"), "--skip-preprocessing", "--preprocessor", "x:y"])
+    with pytest.raises(ConfigError, match="--local: .*remote --out_root"):
+        main([*base, "--out_root", str(tmp_path / "c"), "--local", str(tmp_path / "copy")])

@@ -55,3 +55,18 @@ def test_missing_remote_prefix_is_a_config_error(s3_server, tmp_path, tokenizer,
     monkeypatch.setenv("LLMFOUNDRY_CACHE", str(tmp_path / "cache"))
     with pytest.raises(ConfigError, match=r"train_loader\.dataset.*s3://llmfoundry-test/missing-prefix.*convert"):
         remote_loader(f"s3://{BUCKET}/missing-prefix", tokenizer)
+
+
+def test_finetuning_converter_local_keeps_a_copy_of_a_remote_output(s3_server, tmp_path, corpus, tokenizer_dir):
+    import boto3
+
+    from llmfoundry.data.prep.finetuning import main
+
+    path = tmp_path / "pr.jsonl"
+    path.write_text("\n".join(json.dumps({"prompt": d[:40], "response": d[40:80]}) for d in corpus[:20]))
+    assert main(["--dataset", str(path), "--out_root", f"s3://{BUCKET}/ft", "--local", str(tmp_path / "copy"),
+                 "--tokenizer", str(tokenizer_dir), "--max_seq_len", "64", "--splits", "train", "--num_workers", "1"]) == 0
+    keys = [o["Key"] for o in boto3.client("s3", endpoint_url=s3_server).list_objects_v2(Bucket=BUCKET)["Contents"]]
+    assert "ft/train/index.json" in keys
+    local = json.loads((tmp_path / "copy" / "train" / "index.json").read_text())
+    assert sum(s["samples"] for s in local["shards"]) == 20

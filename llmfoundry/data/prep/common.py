@@ -321,6 +321,30 @@ def parse_json_kwargs(text: str | None, flag: str) -> dict[str, Any]:
     return value
 
 
+LOGGING_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def add_logging_argument(parser) -> None:
+    parser.add_argument("--logging-level", "--logging_level", dest="logging_level", default=None,
+                        type=str.upper, choices=LOGGING_LEVELS,
+                        help="log llmfoundry's messages at this level and above on stderr (default: no log output)")
+
+
+def set_logging_level(level: str | None) -> None:
+    """Log llmfoundry's messages at ``level`` and above to stderr (``--logging-level``); None leaves logging alone."""
+    import logging
+
+    if level is None:
+        return
+    logger = logging.getLogger("llmfoundry")
+    logger.setLevel(level)
+    if not any(getattr(h, "_llmfoundry_cli", False) for h in logger.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler._llmfoundry_cli = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
+
+
 def tokenizer_kwargs_from_args(args) -> dict[str, Any]:
     """``--tokenizer_kwargs`` (a JSON object), plus ``trust_remote_code`` when ``--trust-remote-code`` is given."""
     kwargs = parse_json_kwargs(args.tokenizer_kwargs, "--tokenizer_kwargs")

@@ -7,9 +7,15 @@ output is read back with ``train_loader: {name: finetuning, dataset: {remote: ..
 from __future__ import annotations
 
 import argparse
+import logging
+import os
+
+import numpy as np
 
 from llmfoundry.config.errors import ConfigError
 from llmfoundry.data.prep import common
+
+log = logging.getLogger(__name__)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,9 +39,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target_prompts", default="none", help="none, all, or length>=N")
     parser.add_argument("--target_responses", default="last", choices=["last", "all"])
     parser.add_argument("--decoder_only_format", default=True, action=argparse.BooleanOptionalAction)
+    parser.add_argument("--encoder_decoder", action="store_true",
+                        help="llm-foundry's name for --no-decoder_only_format (context -> input_ids, response -> labels)")
+    parser.add_argument("--skip-preprocessing", "--skip_preprocessing", dest="skip_preprocessing", action="store_true",
+                        help="examples are already prompt/response or messages (the default without --preprocessor)")
+    parser.add_argument("--local", default=None,
+                        help="also keep the shards in this local folder when --out_root is remote (s3://)")
     parser.add_argument("--num_workers", "--processes", dest="num_workers", type=int, default=None,
-                        help="accepted for compatibility; finetuning examples are tokenized in one process")
+                        help="processes that tokenize examples (default: all cores); the output is the same for any")
+    common.add_logging_argument(parser)
     args = parser.parse_args(argv)
+    common.set_logging_level(args.logging_level)
+    if args.encoder_decoder:
+        args.decoder_only_format = False
+    if not args.decoder_only_format and (args.target_prompts != "none" or args.target_responses != "last"):
+        flag = "--encoder_decoder" if args.encoder_decoder else "--no-decoder_only_format"
+        raise ConfigError(f"{flag}: the labels are the last response; leave --target_prompts none and "
+                          "--target_responses last")
+    if args.skip_preprocessing and args.preprocessor:
+        raise ConfigError("--skip-preprocessing: set it or --preprocessor, not both")
+    if args.local is not None and not common.is_remote(args.out_root):
+        raise ConfigError(f"--local: keeps a local copy of a remote --out_root (s3://...); '{args.out_root}' is local")
+    if args.num_workers is not None and args.num_workers < 1:
+        raise ConfigError(f"--num_workers: expected >= 1, got {args.num_workers}")
+    workers = args.num_workers or common.default_processes()
     tokenizer = build_tokenizer(args.tokenizer, common.tokenizer_kwargs_from_args(args), cli=True)
     common.require_eos(tokenizer)
     compression = None if str(args.compression).lower() in ("none", "") else args.compression
@@ -54,14 +81,17 @@ def main(argv: list[str] | None = None) -> int:
             max_seq_len=args.max_seq_len, target_prompts=args.target_prompts, target_responses=args.target_responses,
             decoder_only_format=args.decoder_only_format,
         )
-        dataset = FinetuningDataset(tokenizer, settings, f"--dataset ({split})")
+        log.info("tokenizing split '%s' of %s in %d process(es)", split, name, workers)
+        dataset = FinetuningDataset(tokenizer, settings, f"--dataset ({split})", num_workers=workers)
         out = common.join(args.out_root, split)
         common.check_output_empty(out)
         columns = {"input_ids": f"ndarray:{signed}", "labels": f"ndarray:{signed}"}
         bar = common.Progress(split, total=len(dataset), unit="example")
-        with streaming.MDSWriter(columns=columns, out=out, compression=compression, exist_ok=True) as writer:
+        writer_out = (os.path.join(args.local, split), out) if args.local is not None else out
+        with streaming.MDSWriter(columns=columns, out=writer_out, compression=compression, exist_ok=True,
+                                 keep_local=args.local is not None) as writer:
             for example in dataset.examples:
-                writer.write({k: __import__("numpy").asarray(example[k], dtype=signed) for k in columns})
+                writer.write({k: np.asarray(example[k], dtype=signed) for k in columns})
                 bar.update(1)
         bar.close()
         if not dataset.examples:

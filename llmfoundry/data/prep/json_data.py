@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 from collections.abc import Iterator
 
@@ -17,6 +18,7 @@ from llmfoundry.data.prep import common
 from llmfoundry.data.prep.common import ConcatSpec
 
 JSON_SUFFIXES = (".jsonl", ".json")
+log = logging.getLogger(__name__)
 
 
 def json_files(path: str) -> list[str]:
@@ -108,10 +110,13 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trust-remote-code", "--trust_remote_code", dest="trust_remote_code", action="store_true",
                         help="let a Hugging Face tokenizer run its own code (passed to AutoTokenizer)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    common.add_logging_argument(parser)
 
 
 def _prepare(args):
     from llmfoundry.data.tokenizers import build_tokenizer
+
+    common.set_logging_level(args.logging_level)
 
     tokenizer = build_tokenizer(args.tokenizer, common.tokenizer_kwargs_from_args(args), cli=True)
     common.require_eos(tokenizer)
@@ -122,6 +127,7 @@ def _prepare(args):
 
 
 def _report(stats: dict, out: str, length: int) -> None:
+    log.info("%s: %d documents, %d tokens -> %d samples", out, stats["documents"], stats["tokens"], stats["samples"])
     if stats["samples"] == 0:
         raise ConfigError(f"--concat_tokens: no sample written to {out} ({stats['tokens']} tokens < {length}); lower it or add data")
     print(f"wrote {stats['samples']} samples of {length} tokens from {stats['documents']} documents "

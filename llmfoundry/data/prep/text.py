@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import logging
 import time
 from dataclasses import asdict
 
@@ -20,6 +21,7 @@ from llmfoundry.data.prep import common
 from llmfoundry.data.prep.common import ConcatSpec
 
 PROGRESS_FILE = "llmfoundry_progress.json"
+log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,6 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trust-remote-code", "--trust_remote_code", dest="trust_remote_code", action="store_true",
                         help="let a Hugging Face tokenizer run its own code (passed to AutoTokenizer)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    common.add_logging_argument(parser)
 
 
 def _read_text(path: str) -> str:
@@ -127,6 +130,8 @@ def convert(args) -> dict:
             raise ConfigError(f"--input_folder: no .txt files in '{args.input_folder}'")
         per_group = args.files_per_group or max(1, -(-len(files) // (processes * 4)))
         groups = [files[i : i + per_group] for i in range(0, len(files), per_group)]
+        log.info("found %d .txt files in %s: %d groups of up to %d files", len(files), args.input_folder, len(groups),
+                 per_group)
         progress = {"settings": key, "groups": groups, "done": {}}
         common.write_bytes(progress_path, json.dumps(progress).encode())
 
@@ -152,6 +157,8 @@ def convert(args) -> dict:
 
     def record(result: dict) -> None:
         progress["done"][str(result["group"])] = {k: result[k] for k in ("documents", "tokens", "samples")}
+        log.debug("group %d done: %d documents, %d tokens, %d samples", result["group"], result["documents"],
+                  result["tokens"], result["samples"])
         common.write_bytes(progress_path, json.dumps(progress).encode())
         bar.update(len(groups[result["group"]]))
 
@@ -182,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="convert_text_to_mds", description=__doc__.splitlines()[0])
     add_arguments(parser)
     args = parser.parse_args(argv)
+    common.set_logging_level(args.logging_level)
     stats = convert(args)
     print(
         f"wrote {stats['samples']} samples of {args.concat_tokens} tokens from {stats['documents']} files "
