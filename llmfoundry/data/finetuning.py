@@ -433,6 +433,9 @@ class FinetuningLoader:
     takes examples ``[(s * world + r) * n, ... + n)`` of it, where ``n`` is the examples per rank and batch.
     ``state_dict()`` is ``{"epoch", "sample_in_epoch"}`` counted over all ranks, so resuming with another world
     size continues at the same example.
+
+    One torch DataLoader serves every epoch: its batch sampler (in this process) hands out the current epoch's index
+    batches, so with ``persistent_workers`` the worker processes live across epochs.
     """
 
     def __init__(self, dataset, collator, examples_per_batch: int, settings: FinetuningLoaderSettings, key: str):
@@ -447,6 +450,11 @@ class FinetuningLoader:
         self.epoch = 0
         self.sample_in_epoch = 0
         self._resume_from: int | None = None
+        self._sampler = _EpochBatchSampler()
+        kwargs = dataloader_kwargs(settings, key)
+        kwargs.pop("drop_last")  # the sampler drops the last incomplete batch itself
+        self.dataloader = torch.utils.data.DataLoader(dataset, batch_sampler=self._sampler, collate_fn=collator,
+                                                      **kwargs)
 
     @staticmethod
     def _world() -> tuple[int, int]:
@@ -465,26 +473,27 @@ class FinetuningLoader:
         per_step = self.examples_per_batch * world
         return len(self.dataset) // per_step if self.drop_last else math.ceil(len(self.dataset) / per_step)
 
-    def __iter__(self):
+    def _index_batches(self, start: int) -> list[tuple[int, list[int]]]:
+        """(global position after the step, this rank's example indices) for each step of the epoch from ``start``."""
         rank, world = self._world()
-        start = self._resume_from if self._resume_from is not None else 0
-        self._resume_from = None
         order = self._order(self.epoch)
         per_step = self.examples_per_batch * world
-        positions = range(start, len(order), per_step)
-        index_batches = []
-        for position in positions:
+        batches = []
+        for position in range(start, len(order), per_step):
             chunk = order[position : position + per_step]
             if len(chunk) < per_step and self.drop_last:
                 break
             mine = chunk[rank * self.examples_per_batch : (rank + 1) * self.examples_per_batch]
-            index_batches.append((position + len(chunk), mine))
-        loader = torch.utils.data.DataLoader(
-            _IndexBatches(self.dataset, [m for _, m in index_batches]), batch_size=None,
-            collate_fn=self.collator, **dataloader_kwargs(self.settings, self.key) | {"drop_last": False},
-        )
+            batches.append((position + len(chunk), mine))
+        return batches
+
+    def __iter__(self):
+        start = self._resume_from if self._resume_from is not None else 0
+        self._resume_from = None
+        index_batches = self._index_batches(start)
+        self._sampler.batches = [mine for _, mine in index_batches]
         self.sample_in_epoch = start
-        for (end, _), batch in zip(index_batches, loader):
+        for batch, (end, _) in zip(self.dataloader, index_batches):  # the loader first: it ends its own epoch
             self.sample_in_epoch = end
             yield batch
         self.epoch += 1
@@ -499,15 +508,17 @@ class FinetuningLoader:
         self._resume_from = self.sample_in_epoch
 
 
-class _IndexBatches(torch.utils.data.Dataset):
-    def __init__(self, dataset, batches: list[list[int]]):
-        self.dataset, self.batches = dataset, batches
+class _EpochBatchSampler(torch.utils.data.Sampler):
+    """The index batches of the epoch being iterated (set by FinetuningLoader before each epoch)."""
+
+    def __init__(self):
+        self.batches: list[list[int]] = []
 
     def __len__(self) -> int:
         return len(self.batches)
 
-    def __getitem__(self, i: int):
-        return [self.dataset[j] for j in self.batches[i]]
+    def __iter__(self):
+        return iter(list(self.batches))
 
 
 @dataloaders.register("finetuning", config=FinetuningLoaderSettings)

@@ -170,3 +170,31 @@ def test_finetuning_converter_llm_foundry_flags(tmp_path, corpus, tokenizer_dir,
         main([*base, "--out_root", str(tmp_path / "c"), "--skip-preprocessing", "--preprocessor", "x:y"])
     with pytest.raises(ConfigError, match="--local: .*remote --out_root"):
         main([*base, "--out_root", str(tmp_path / "c"), "--local", str(tmp_path / "copy")])
+
+
+def test_persistent_workers_live_across_epochs_and_batches_match_in_process(tmp_path, corpus, tokenizer):
+    path = chat_jsonl(tmp_path / "chat.jsonl", corpus, n=24)
+
+    def make(**loader):
+        ds = FinetuningDatasetSettings(hf_name="json", hf_kwargs={"data_files": str(path)}, split="train",
+                                       max_seq_len=128, shuffle=True, shuffle_seed=3)
+        return build_finetuning_dataloader(FinetuningLoaderSettings(dataset=ds, **loader), tokenizer, 4)
+
+    def worker_pids(loader):
+        return sorted(w.pid for w in loader.dataloader._iterator._workers if w.is_alive())
+
+    reference = make()
+    expected = [[b["input_ids"] for b in reference] for _ in range(2)]
+    assert not all(torch.equal(a, b) for a, b in zip(*expected))  # epoch 2 is another permutation
+    for persistent in (True, False):
+        loader = make(num_workers=1, persistent_workers=persistent)
+        pids = []
+        for epoch in range(2):
+            got = [b["input_ids"] for b in loader]
+            assert len(got) == len(expected[epoch]) and all(torch.equal(a, b) for a, b in zip(got, expected[epoch]))
+            if persistent:
+                pids.append(worker_pids(loader))
+        if persistent:  # the same worker process served both epochs
+            assert pids[0] and pids[0] == pids[1]
+        else:
+            assert loader.dataloader._iterator is None  # torch keeps no iterator (or workers) between epochs
