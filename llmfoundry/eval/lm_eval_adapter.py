@@ -2,11 +2,18 @@
 
     from llmfoundry.eval.lm_eval_adapter import LLMFoundryLM
     import lm_eval
-    lm = LLMFoundryLM.from_path("runs/ckpt/latest")          # our checkpoint or a Hugging Face folder
+    lm = LLMFoundryLM.from_path("runs/ckpt")                  # our checkpoint or a Hugging Face folder (or s3://)
     lm_eval.simple_evaluate(model=lm, tasks=["arc_easy"])
 
-or, after ``register()``, ``lm_eval --model llmfoundry --model_args path=FOLDER``. Needs the optional extra
-``pip install llmfoundry[eval]`` (lm-eval); nothing else in llmfoundry imports this module.
+or from the command line, with lm-eval's own arguments (this module registers ``--model llmfoundry`` and then
+runs lm-eval's command line; the plain ``lm_eval``/``lm-eval`` command cannot, as nothing registers the model
+there)::
+
+    python -m llmfoundry.eval.lm_eval_adapter run --model llmfoundry --model_args path=FOLDER --tasks arc_easy
+
+``--model_args`` takes ``path`` (required) and ``device``, ``batch_size``, ``max_length``, ``add_bos_token``.
+In-process, ``register()`` makes ``simple_evaluate(model="llmfoundry", model_args={"path": ...})`` work. Needs
+the optional extra ``pip install llmfoundry[eval]`` (lm-eval); nothing else in llmfoundry imports this module.
 
 Requests are tokenized as lm-eval's Hugging Face backend does (trailing spaces of the context move to the
 continuation; the pair is encoded whole and split; an empty context is conditioned on BOS/EOS), and scored with
@@ -15,6 +22,7 @@ our batched scorer, which shares the key/value cache of requests with the same c
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -66,9 +74,30 @@ class LLMFoundryLM(LM):
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> "LLMFoundryLM":
         args = dict(kv.split("=", 1) for kv in arg_string.split(",") if kv)
+        return cls.create_from_arg_obj(args, additional_config)
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> "LLMFoundryLM":
+        """lm-eval's ``--model_args`` (``path`` and our constructor's keys) and its ``--device``/``--batch_size``."""
+        args = dict(arg_dict)
+        path = args.pop("path", None) or args.pop("pretrained", None)
+        if not path:
+            raise ValueError("--model_args: give path=FOLDER (our checkpoint or a Hugging Face folder, or s3://)")
+        unknown = sorted(set(args) - set(MODEL_ARGS))
+        if unknown:
+            raise ValueError(f"--model_args: unknown {', '.join(unknown)} (known: path, {', '.join(MODEL_ARGS)})")
         extra = {k: v for k, v in (additional_config or {}).items() if v is not None and k in ("device", "batch_size")}
-        path = args.pop("path")
-        return cls.from_path(path, **{**args, **extra})
+        kwargs = {**args, **extra}
+        device = str(kwargs.get("device", "cpu"))
+        if device.startswith("cuda") and not torch.cuda.is_available():  # lm-eval's --device defaults to cuda
+            warnings.warn(f"device '{device}' is not available; running on the CPU", stacklevel=2)
+            kwargs["device"] = "cpu"
+        if "batch_size" in kwargs:  # lm-eval passes strings, and "auto"; ours is a fixed size
+            size = str(kwargs["batch_size"])
+            kwargs["batch_size"] = int(size) if size.isdigit() else 16
+        if isinstance(kwargs.get("add_bos_token"), str):
+            kwargs["add_bos_token"] = kwargs["add_bos_token"].lower() in ("1", "true", "yes")
+        return cls.from_path(str(path), **kwargs)
 
     # --- tokenization ---------------------------------------------------------------------------------------
     def _encode(self, text: str) -> list[int]:
@@ -145,8 +174,33 @@ class LLMFoundryLM(LM):
         return outputs
 
 
-def register() -> None:
-    """Make ``--model llmfoundry`` available to lm-eval's registry."""
-    from lm_eval.api.registry import register_model
+MODEL_ARGS = ("device", "batch_size", "max_length", "add_bos_token")
 
-    register_model("llmfoundry")(LLMFoundryLM)
+
+def register() -> None:
+    """Make ``model="llmfoundry"`` available to lm-eval's registry (in this process)."""
+    from lm_eval.api.registry import MODEL_REGISTRY, register_model
+
+    if MODEL_REGISTRY.get("llmfoundry", None) is not LLMFoundryLM:
+        register_model("llmfoundry")(LLMFoundryLM)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m llmfoundry.eval.lm_eval_adapter [lm-eval arguments]``: lm-eval's command line, with
+    ``--model llmfoundry`` registered first."""
+    import sys
+
+    register()
+    from lm_eval.__main__ import cli_evaluate
+
+    saved = sys.argv
+    sys.argv = ["lm-eval", *(sys.argv[1:] if argv is None else argv)]
+    try:
+        cli_evaluate()
+    finally:
+        sys.argv = saved
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -52,3 +52,32 @@ def test_generate_until_stops_at_the_stop_string(llama, tokenizer):
     lm = LLMFoundryLM(llama, tokenizer)
     (text,) = lm.generate_until([Req("The cat", {"until": ["\n"], "max_gen_toks": 5})])
     assert isinstance(text, str) and "\n" not in text
+
+
+def test_the_module_runs_lm_evals_command_line_with_our_model(tmp_path, tokenizer, llama):
+    """`python -m llmfoundry.eval.lm_eval_adapter run --model llmfoundry ...` (in-process: main(argv))."""
+    import json
+
+    from llmfoundry.eval.lm_eval_adapter import main
+
+    folder = tmp_path / "tiny"
+    llama.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    rows = [{"query": f"{a} plus {b} is", "choices": [str(a + b), str(a + b + 1)], "gold": 0}
+            for a, b in [(1, 2), (2, 3), (3, 4), (4, 5)]]
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "tiny_sums.yaml").write_text(
+        "task: llmfoundry_tiny_sums\ndataset_path: json\n"
+        f"dataset_kwargs:\n  data_files:\n    test: {data}\n"
+        "test_split: test\noutput_type: multiple_choice\ndoc_to_text: '{{query}}'\n"
+        "doc_to_choice: '{{choices}}'\ndoc_to_target: gold\nmetric_list:\n  - metric: acc\n"
+    )
+    out = tmp_path / "out"
+    assert main(["run", "--model", "llmfoundry", "--model_args", f"path={folder},batch_size=2",
+                 "--tasks", "llmfoundry_tiny_sums", "--include_path", str(tasks), "--output_path", str(out)]) == 0
+    (results_file,) = out.rglob("results_*.json")
+    results = json.loads(results_file.read_text())["results"]["llmfoundry_tiny_sums"]
+    assert 0.0 <= results["acc,none"] <= 1.0
