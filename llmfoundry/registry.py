@@ -95,3 +95,33 @@ callbacks = Registry("callbacks", provider_modules=("llmfoundry.train.callbacks"
 loggers = Registry("loggers", provider_modules=("llmfoundry.train.loggers",))
 icl_task_types = Registry("icl_task_types", provider_modules=("llmfoundry.eval.icl",))
 metrics = Registry("metrics", provider_modules=("llmfoundry.eval.icl",))
+
+
+def import_code_paths(paths: list[str] | None, key: str = "code_paths") -> None:
+    """Import the Python files a recipe names in ``code_paths`` (llm-foundry's key), so that the builders they
+    register are known before the recipe is validated. Each file is imported once per process."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    from llmfoundry.config.errors import ConfigError
+
+    if paths is None:
+        return
+    if isinstance(paths, str) or not isinstance(paths, list):
+        raise ConfigError(f"{key}: expected a list of Python file paths, got {paths!r}")
+    for i, path in enumerate(paths):
+        file = Path(str(path)).resolve()
+        if file.suffix != ".py" or not file.is_file():
+            raise ConfigError(f"{key}[{i}]: '{path}' is not a Python file")
+        name = f"llmfoundry_code_paths.{file.stem}_{abs(hash(str(file))):x}"
+        if name in sys.modules:
+            continue
+        spec = importlib.util.spec_from_file_location(name, file)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception as error:
+            del sys.modules[name]
+            raise ConfigError(f"{key}[{i}]: importing '{path}' failed ({type(error).__name__}: {error})") from None

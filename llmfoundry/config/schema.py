@@ -115,6 +115,38 @@ class TrainConfig:
     load_weights_only: bool = option(False, "load only model weights from load_path (fresh optimizer and time)")
     load_strict_model_weights: bool = option(True, "fail when load_path lacks or adds model weights")
     autoresume: bool = option(False, "resume from the newest complete checkpoint in save_folder")
+    log_config: bool = option(True, "log the resolved config (secrets masked) to every logger at the start")
+    # --- code and process settings ---
+    code_paths: list[str] = option(
+        default_factory=list, doc="Python files imported before the recipe is validated (they may register "
+        "models, loaders, callbacks, ... with llmfoundry.registry)"
+    )
+    max_split_size_mb: PositiveInt | None = option(
+        None, "CUDA caching allocator: do not split blocks larger than this (PYTORCH_CUDA_ALLOC_CONF)"
+    )
+    expandable_segments: bool = option(
+        True, "CUDA caching allocator: expandable segments, less fragmentation (PYTORCH_CUDA_ALLOC_CONF)"
+    )
+    cuda_load_lazy: bool = option(False, "load CUDA kernels on first use (CUDA_MODULE_LOADING=LAZY)")
     # --- free-form ---
     variables: dict[str, Any] = option(default_factory=dict, doc="values for ${variables.x} interpolation")
     metadata: dict[str, Any] = option(default_factory=dict, doc="free-form metadata logged with the run")
+    # --- llm-foundry keys with no counterpart here ---
+    save_filename: str | None = option(
+        None, "Composer checkpoint file pattern", unsupported="checkpoint file name patterns (folders are named "
+        "ep{epoch}-ba{batch})"
+    )
+    save_latest_filename: str | None = option(
+        None, "Composer 'latest' file pattern", unsupported="renaming 'latest' (save_folder/latest names the newest)"
+    )
+    load_ignore_keys: list[str] | None = option(None, "state keys skipped on load", unsupported="load_ignore_keys")
+    save_ignore_keys: list[str] | None = option(None, "state keys left out on save", unsupported="save_ignore_keys")
+    profiler: dict[str, Any] | None = option(None, "Composer profiler settings", unsupported="the Composer profiler")
+    device_train_batch_size: int | None = option(
+        None, "derived by llm-foundry from global_train_batch_size", unsupported="setting device_train_batch_size "
+        "(it is global_train_batch_size / world size; set global_train_batch_size)"
+    )
+    device_train_grad_accum: int | str | None = option(
+        None, "derived by llm-foundry", unsupported="setting device_train_grad_accum (set device_train_microbatch_size)"
+    )
+    n_gpus: int | None = option(None, "derived by llm-foundry", unsupported="setting n_gpus (it is the world size)")

@@ -31,8 +31,27 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def load_train_config(recipe: str, overrides: list[str]) -> tuple[TrainConfig, dict]:
     """The validated TrainConfig and the resolved plain config it came from."""
+    from llmfoundry.registry import import_code_paths
+
     plain = load_config(recipe, overrides)
+    import_code_paths(plain.get("code_paths"))  # what they register must be known to the validator
     return validate(plain, TrainConfig), plain
+
+
+def cuda_environment(cfg: TrainConfig, environ: dict[str, str]) -> dict[str, str]:
+    """Environment variables for max_split_size_mb, expandable_segments and cuda_load_lazy; they take effect
+    because CUDA reads them at its first allocation/kernel load. A setting already in the environment wins."""
+    current = environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    entries = [e for e in current.split(",") if e]
+    given = {e.split(":", 1)[0].strip() for e in entries}
+    if cfg.max_split_size_mb is not None and "max_split_size_mb" not in given:
+        entries.append(f"max_split_size_mb:{cfg.max_split_size_mb}")
+    if cfg.expandable_segments and "expandable_segments" not in given:
+        entries.append("expandable_segments:True")
+    updates = {"PYTORCH_CUDA_ALLOC_CONF": ",".join(entries)} if entries else {}
+    if cfg.cuda_load_lazy and "CUDA_MODULE_LOADING" not in environ:
+        updates["CUDA_MODULE_LOADING"] = "LAZY"
+    return updates
 
 
 def torchrun_command(nproc: int, recipe: str, overrides: list[str]) -> list[str]:
@@ -53,6 +72,7 @@ def main(argv: list[str]) -> int:
 
             device_batch_size(cfg.global_train_batch_size, args.nproc)  # once here, not once per spawned rank
             return subprocess.call(torchrun_command(args.nproc, args.recipe, args.overrides))
+    os.environ.update(cuda_environment(cfg, dict(os.environ)))
     if cfg.python_log_level:
         logging.basicConfig(level=cfg.python_log_level.upper(), format="%(asctime)s %(name)s: %(message)s")
     from llmfoundry.train import dist

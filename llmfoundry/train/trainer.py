@@ -204,8 +204,9 @@ class Trainer:
     # ----- the loop -----
     def fit(self) -> dict[str, float]:
         cfg = self.cfg
-        for logger in self.loggers:
-            logger.log_hyperparameters(self.config_plain)
+        if cfg.log_config:
+            for logger in self.loggers:
+                logger.log_hyperparameters(self.config_plain)
         for cb in self.callbacks:
             cb.on_fit_start(self)
         bar = tqdm(total=self.max_batches, initial=self.time.batch, unit="ba", desc="train", dynamic_ncols=True,
