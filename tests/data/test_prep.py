@@ -178,3 +178,24 @@ def test_concatenation_matches_llm_foundry_with_and_without_no_wrap(tmp_path, co
         assert len(written) <= len(docs) < len(concat_reference(token_lists, 32, False))
         long_doc = token_lists[0]  # docs[0] is long: it starts sample 0, which holds only its first 32 tokens
         assert written[0] == long_doc[:32] and long_doc[32:64] not in written
+
+
+def test_json_converter_without_concat_tokens_writes_raw_text_the_text_loader_tokenizes(tmp_path, corpus,
+                                                                                       tokenizer_dir, tokenizer):
+    from llmfoundry.data.prep.json_data import main_json
+    from llmfoundry.data.streaming_guard import import_streaming
+    from llmfoundry.data.text import TextDatasetSettings, TextLoaderSettings, build_text_dataloader
+
+    (tmp_path / "d.jsonl").write_text("\n".join(json.dumps({"text": d}) for d in corpus[:10]))
+    argv = ["--path", str(tmp_path / "d.jsonl"), "--out_root", str(tmp_path / "o"), "--quiet"]
+    assert main_json(argv) == 0
+    ds = import_streaming().StreamingDataset(local=str(tmp_path / "o" / "train"))
+    assert [ds[i]["text"] for i in range(len(ds))] == corpus[:10]
+    settings = TextLoaderSettings(dataset=TextDatasetSettings(local=str(tmp_path / "o"), split="train", max_seq_len=16),
+                                  drop_last=False)
+    rows = [r for b in build_text_dataloader(settings, tokenizer, 5) for r in b["input_ids"].tolist()]
+    assert rows == [tokenizer(d)["input_ids"][:16] for d in corpus[:10]]  # these documents are >= 16 tokens
+    with pytest.raises(ConfigError, match="^--tokenizer: only used when tokenizing; add --concat_tokens"):
+        main_json([*argv[:2], "--out_root", str(tmp_path / "o2"), "--tokenizer", str(tokenizer_dir)])
+    with pytest.raises(ConfigError, match="^--tokenizer: required with --concat_tokens"):
+        main_json([*argv[:2], "--out_root", str(tmp_path / "o2"), "--concat_tokens", "8"])

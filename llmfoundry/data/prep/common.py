@@ -309,6 +309,33 @@ def write_concatenated(
     return {"documents": writer.documents, "tokens": writer.tokens_in, "samples": writer.samples}
 
 
+def write_texts(
+    docs: Iterable[str],
+    out: str,
+    *,
+    compression: str | None = None,
+    desc: str = "writing",
+    total: int | None = None,
+    show_progress: bool | None = None,
+) -> dict[str, int]:
+    """Write ``docs`` untokenized, one per sample, as MDS with a ``text`` column (local or s3://)."""
+    from llmfoundry.data.streaming_guard import import_streaming
+
+    streaming = import_streaming()
+    writer = streaming.MDSWriter(columns={"text": "str"}, out=out, compression=compression or None, exist_ok=True)
+    bar = Progress(desc, total=total, disable=None if show_progress is None else not show_progress)
+    documents = 0
+    try:
+        for doc in docs:
+            writer.write({"text": doc})
+            documents += 1
+            bar.update(1)
+    finally:
+        bar.close()
+    writer.finish()
+    return {"documents": documents}
+
+
 def parse_json_kwargs(text: str | None, flag: str) -> dict[str, Any]:
     if not text:
         return {}

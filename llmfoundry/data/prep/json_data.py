@@ -1,5 +1,8 @@
 """JSON/JSONL records and Hugging Face datasets -> tokenized, concatenated MDS (``convert_dataset_json/hf``).
 
+Without ``--concat_tokens`` (llm-foundry's no-concat mode) the documents are written untokenized, one per sample,
+in a ``text`` column; the ``text`` loader tokenizes them on the fly (truncated to ``max_seq_len``, padded).
+
 JSON input is a ``.json``/``.jsonl`` file or a folder of them (local or s3://). A ``.jsonl`` file holds one object
 per line; a ``.json`` file holds one object or a list of objects. Each object needs a string ``text`` field
 (``--text_field`` to use another). A malformed line or a missing field is a ConfigError naming the file and line.
@@ -97,8 +100,11 @@ def iter_json_texts(path: str, field: str = "text") -> Iterator[str]:
 def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out_root", required=True, help="MDS output folder, local or s3://bucket/prefix")
     parser.add_argument("--compression", default="zstd", help="shard compression (zstd, gz, ...; 'none' for none)")
-    parser.add_argument("--concat_tokens", type=int, required=True, help="tokens per sample")
-    parser.add_argument("--tokenizer", required=True, help="HF tokenizer id/folder, .model file, or tiktoken")
+    parser.add_argument("--concat_tokens", type=int, default=None,
+                        help="tokens per sample (tokenize and concatenate); without it the raw text is written as a "
+                             "`text` column, which the text loader tokenizes on the fly")
+    parser.add_argument("--tokenizer", default=None, help="HF tokenizer id/folder, .model file, or tiktoken "
+                                                          "(with --concat_tokens)")
     parser.add_argument("--tokenizer_kwargs", default=None, help="JSON object of tokenizer kwargs")
     parser.add_argument("--bos_text", default="", help="text put before every document")
     parser.add_argument("--eos_text", default=None, help="text put after every document (default: the EOS token)")
@@ -117,13 +123,37 @@ def _prepare(args):
     from llmfoundry.data.tokenizers import build_tokenizer
 
     common.set_logging_level(args.logging_level)
-
+    compression = None if str(args.compression).lower() in ("none", "") else args.compression
+    if args.concat_tokens is None:  # llm-foundry's no-concat mode: raw text, tokenized by the loader
+        needs = [flag for flag, value in (("--tokenizer", args.tokenizer), ("--tokenizer_kwargs", args.tokenizer_kwargs),
+                                          ("--bos_text", args.bos_text), ("--eos_text", args.eos_text),
+                                          ("--no_wrap", args.no_wrap), ("--trust-remote-code", args.trust_remote_code))
+                 if value]
+        if needs:
+            raise ConfigError(f"{needs[0]}: only used when tokenizing; add --concat_tokens N (or drop "
+                              f"{', '.join(needs)} to write raw text)")
+        return None, None, compression, 1
+    if args.tokenizer is None:
+        raise ConfigError("--tokenizer: required with --concat_tokens")
     tokenizer = build_tokenizer(args.tokenizer, common.tokenizer_kwargs_from_args(args), cli=True)
     common.require_eos(tokenizer)
     eos_text = tokenizer.eos_token if args.eos_text is None else args.eos_text
     spec = ConcatSpec(args.concat_tokens, args.bos_text or "", eos_text or "", args.no_wrap)
-    compression = None if str(args.compression).lower() in ("none", "") else args.compression
     return tokenizer, spec, compression, args.num_workers or common.default_processes()
+
+
+def _write(texts, tokenizer, out: str, spec: ConcatSpec | None, compression, processes: int, desc: str, args,
+           total: int | None = None) -> None:
+    show = False if args.quiet else None
+    if spec is None:
+        stats = common.write_texts(texts, out, compression=compression, desc=desc, total=total, show_progress=show)
+        if stats["documents"] == 0:
+            raise ConfigError(f"--out_root: no document written to {out}")
+        print(f"wrote {stats['documents']} documents as raw text to {out}")
+        return
+    stats = common.write_concatenated(texts, tokenizer, out, spec, compression=compression, processes=processes,
+                                      desc=desc, total=total, show_progress=show)
+    _report(stats, out, spec.concat_tokens)
 
 
 def _report(stats: dict, out: str, length: int) -> None:
@@ -143,10 +173,8 @@ def main_json(argv: list[str] | None = None) -> int:
     tokenizer, spec, compression, processes = _prepare(args)
     out = common.join(args.out_root, args.split) if args.split else args.out_root
     common.check_output_empty(out)
-    stats = common.write_concatenated(iter_json_texts(args.path, args.text_field), tokenizer, out, spec,
-                                      compression=compression, processes=processes, desc=f"{args.split}",
-                                      show_progress=False if args.quiet else None)
-    _report(stats, out, spec.concat_tokens)
+    _write(iter_json_texts(args.path, args.text_field), tokenizer, out, spec, compression, processes, f"{args.split}",
+           args)
     return 0
 
 
@@ -268,7 +296,5 @@ def main_hf(argv: list[str] | None = None) -> int:
 
         out = common.join(args.out_root, split)
         common.check_output_empty(out)
-        stats = common.write_concatenated(texts(), tokenizer, out, spec, compression=compression, processes=processes,
-                                          desc=split, total=len(data), show_progress=False if args.quiet else None)
-        _report(stats, out, spec.concat_tokens)
+        _write(texts(), tokenizer, out, spec, compression, processes, split, args, total=len(data))
     return 0
