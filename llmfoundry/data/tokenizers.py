@@ -7,6 +7,7 @@ llmfoundry needs to know only one interface. YAML::
       name: EleutherAI/gpt-neox-20b          # or ./my_tokenizer/, ./spm.model, tiktoken
       kwargs: {model_max_length: 2048}        # for tiktoken: {encoding_name: cl100k_base} or {model_name: gpt-4}
 
+A ``.model`` file (BPE or unigram) is run by sentencepiece itself, so its ids are exactly ``sp.encode``'s.
 Every tokenizer must have an EOS token (pretraining concatenates documents with it; finetuning ends responses
 with it); one without is a ConfigError that says how to set it (``kwargs.eos_token``).
 """
