@@ -3,7 +3,9 @@
 Export picks the transformers class that can express the architecture:
 
 * ``MptForCausalLM`` for ALiBi + multi-head attention + exact-GELU MLP (4x) + bias-free LayerNorm;
-* ``LlamaForCausalLM`` for RoPE + RMSNorm + gated MLP (SwiGLU or another activation), with any kv_n_heads.
+* ``LlamaForCausalLM`` for RoPE + RMSNorm + gated MLP (SwiGLU or another activation), with any kv_n_heads;
+* ``GPT2LMHeadModel`` for learned positions + multi-head attention + LayerNorm + MLP (llm-foundry's default MPT
+  architecture, with or without biases: missing biases are exported as zeros).
 
 Anything else is a ConfigError that names each option that stands in the way, because a silently different
 exported model is worse than none. Our parameter names already match transformers' MPT, so the MPT mapping is
@@ -33,6 +35,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _ACT_TO_HF = {("gelu", "none"): "gelu", ("gelu", "tanh"): "gelu_pytorch_tanh", ("gelu_tanh", "none"): "gelu_pytorch_tanh",
               ("silu", "none"): "silu", ("relu", "none"): "relu"}  # fmt: skip
 _HF_TO_ACT = {"gelu": {"name": "gelu"}, "gelu_pytorch_tanh": {"name": "gelu", "approximate": "tanh"},
+              "gelu_new": {"name": "gelu", "approximate": "tanh"},
               "silu": {"name": "silu"}, "swish": {"name": "silu"}, "relu": {"name": "relu"}}  # fmt: skip
 
 
@@ -100,14 +103,45 @@ def llama_export_problems(arch: MPTArch) -> list[str]:
     return problems
 
 
+def gpt2_export_problems(arch: MPTArch) -> list[str]:
+    a, t = arch.attn_config, "transformers' GPT2LMHeadModel"
+    problems = _common_problems(arch, t)
+    if a.attn_type != "multihead_attention":
+        problems.append(f"model.attn_config.attn_type: {t} supports only multihead_attention, got {a.attn_type}")
+    if arch.head_dim is not None and arch.head_dim * arch.n_heads != arch.d_model:
+        problems.append(f"model.head_dim: {t} needs head_dim = d_model / n_heads")
+    if a.clip_qkv is not None:
+        problems.append(f"model.attn_config.clip_qkv: {t} cannot express clip_qkv={a.clip_qkv}")
+    if a.softmax_scale is not None and not math.isclose(a.softmax_scale, arch.head_size**-0.5):
+        problems.append(f"model.attn_config.softmax_scale: {t} always scales by 1/sqrt(head_dim)")
+    if arch.ffn_config.ffn_type != "mptmlp":
+        problems.append(f"model.ffn_config.ffn_type: {t} has a plain MLP (use mptmlp), got {arch.ffn_config.ffn_type}")
+    if _act(arch) not in _ACT_TO_HF:
+        problems.append(f"model.ffn_config.ffn_act_fn: {t} has no activation {_act(arch)}")
+    if not arch.norm_type.endswith("layernorm"):
+        problems.append(f"model.norm_type: {t} uses LayerNorm, got {arch.norm_type}")
+    return problems
+
+
+# our MPT block's layers <-> GPT-2's, and whether the weight is stored transposed (GPT-2's Conv1D is x @ W)
+_GPT2_BLOCK = (("norm_1", "ln_1", False), ("attn.Wqkv", "attn.c_attn", True), ("attn.out_proj", "attn.c_proj", True),
+               ("norm_2", "ln_2", False), ("ffn.up_proj", "mlp.c_fc", True), ("ffn.down_proj", "mlp.c_proj", True))
+
+
 # -- export -------------------------------------------------------------------------------------------------
 
 def to_transformers(model: MPTForCausalLM, *, eos_token_id=None, bos_token_id=None, pad_token_id=None) -> nn.Module:
-    """A transformers-native model (MptForCausalLM or LlamaForCausalLM) with the same weights and outputs."""
+    """A transformers-native model (MptForCausalLM, LlamaForCausalLM or GPT2LMHeadModel) with the same weights
+    and outputs."""
     arch = model.arch
     tokens = dict(eos_token_id=eos_token_id, bos_token_id=bos_token_id, pad_token_id=pad_token_id)
     state = {k: v.detach() for k, v in model.state_dict().items()}
-    if arch.attn_config.rope:
+    if arch.learned_pos_emb:
+        problems = gpt2_export_problems(arch)
+        if problems:
+            raise ConfigError.many(problems)
+        hf_model = _gpt2_from_state(arch, state, tokens)
+    elif arch.attn_config.rope:
         problems = llama_export_problems(arch)
         if problems:
             raise ConfigError.many(problems)
@@ -185,6 +219,36 @@ def _llama_from_state(arch: MPTArch, state: dict, tokens: dict) -> nn.Module:
                 if src + f"{ours}.{kind}" in state:
                     out[dst + f"{theirs}.{kind}"] = state[src + f"{ours}.{kind}"]
     return _load_into(LlamaForCausalLM, config, out)
+
+
+def _gpt2_from_state(arch: MPTArch, state: dict, tokens: dict) -> nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(
+        vocab_size=arch.vocab_size, n_positions=arch.max_seq_len, n_embd=arch.d_model, n_layer=arch.n_layers,
+        n_head=arch.n_heads, n_inner=arch.ffn_hidden, activation_function=_ACT_TO_HF[_act(arch)],
+        layer_norm_epsilon=arch.norm_eps, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        tie_word_embeddings=arch.tie_word_embeddings, use_cache=True, **tokens,
+    )  # fmt: skip
+    zeros = lambda n: torch.zeros(n, dtype=state["transformer.wte.weight"].dtype)  # noqa: E731
+    out = {"transformer.wte.weight": state["transformer.wte.weight"],
+           "transformer.wpe.weight": state["transformer.wpe.weight"],
+           "transformer.ln_f.weight": state["transformer.norm_f.weight"],
+           "transformer.ln_f.bias": state.get("transformer.norm_f.bias", zeros(arch.d_model))}  # fmt: skip
+    if "lm_head.weight" in state:
+        out["lm_head.weight"] = state["lm_head.weight"]
+    for i in range(arch.n_layers):
+        src, dst = f"transformer.blocks.{i}.", f"transformer.h.{i}."
+        layers = dict(state)
+        for kind in ("weight", "bias"):  # one fused qkv projection, as GPT-2's c_attn
+            q, k, v = _unfused_qkv(arch, state, i, kind)
+            if q is not None:
+                layers[src + f"attn.Wqkv.{kind}"] = torch.cat([q, k, v])
+        for ours, theirs, transposed in _GPT2_BLOCK:
+            weight = layers[src + f"{ours}.weight"]
+            out[dst + f"{theirs}.weight"] = weight.t().contiguous() if transposed else weight
+            out[dst + f"{theirs}.bias"] = layers.get(src + f"{ours}.bias", zeros(weight.shape[0]))
+    return _load_into(GPT2LMHeadModel, config, out)
 
 
 def _load_into(cls, config, state: dict) -> nn.Module:
@@ -280,6 +344,19 @@ def arch_from_transformers(config) -> MPTArch:
             attn_config={"alibi": True, "alibi_bias_max": get("alibi_bias_max", 8), "clip_qkv": get("clip_qkv"),
                          "softmax_scale": get("softmax_scale")},
         ), "model")  # fmt: skip
+    if kind == "gpt2":
+        if getattr(config, "scale_attn_by_inverse_layer_idx", False) or getattr(config, "add_cross_attention", False):
+            raise ConfigError("model: GPT-2 variants with scale_attn_by_inverse_layer_idx or cross-attention cannot "
+                              "be imported as mpt_causal_lm")
+        if config.activation_function not in _HF_TO_ACT:
+            raise ConfigError(f"model: activation '{config.activation_function}' is not supported by mpt_causal_lm")
+        return from_dict(MPTArch, dict(
+            d_model=config.n_embd, n_heads=config.n_head, n_layers=config.n_layer, max_seq_len=config.n_positions,
+            vocab_size=config.vocab_size, norm_eps=config.layer_norm_epsilon, learned_pos_emb=True, no_bias=False,
+            norm_type="layernorm", tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", True)),
+            ffn_config={"ffn_type": "mptmlp", "ffn_hidden_size": config.n_inner or 4 * config.n_embd,
+                        "ffn_act_fn": _HF_TO_ACT[config.activation_function]},
+        ), "model")  # fmt: skip
     if kind == "llama":
         rope = dict(getattr(config, "rope_parameters", None) or {})
         if rope.get("rope_type", "default") != "default":
@@ -301,12 +378,12 @@ def arch_from_transformers(config) -> MPTArch:
             ffn_config={"ffn_type": "mptglu", "ffn_hidden_size": config.intermediate_size,
                         "ffn_act_fn": _HF_TO_ACT[config.hidden_act]},
         ), "model")  # fmt: skip
-    raise ConfigError(f"model: cannot import a '{kind}' model as mpt_causal_lm (supported: mpt, llama; "
+    raise ConfigError(f"model: cannot import a '{kind}' model as mpt_causal_lm (supported: mpt, llama, gpt2; "
                       "use model.name: hf_causal_lm for other architectures)")  # fmt: skip
 
 
 def from_transformers(hf_model: nn.Module, **arch_overrides: Any) -> MPTForCausalLM:
-    """Our MPTForCausalLM with the weights of a transformers MptForCausalLM or LlamaForCausalLM."""
+    """Our MPTForCausalLM with the weights of a transformers MptForCausalLM, LlamaForCausalLM or GPT2LMHeadModel."""
     arch = arch_from_transformers(hf_model.config)
     values = to_dict(arch)
     attn_overrides = arch_overrides.pop("attn_config", {})
@@ -318,6 +395,19 @@ def from_transformers(hf_model: nn.Module, **arch_overrides: Any) -> MPTForCausa
     ours = {}
     if hf_model.config.model_type == "mpt":
         ours = {k: v for k, v in state.items() if not (k == "lm_head.weight" and arch.tie_word_embeddings)}
+    elif hf_model.config.model_type == "gpt2":
+        for name in ("wte", "wpe"):
+            ours[f"transformer.{name}.weight"] = state[f"transformer.{name}.weight"]
+        ours["transformer.norm_f.weight"] = state["transformer.ln_f.weight"]
+        ours["transformer.norm_f.bias"] = state["transformer.ln_f.bias"]
+        if not arch.tie_word_embeddings:
+            ours["lm_head.weight"] = state["lm_head.weight"]
+        for i in range(arch.n_layers):
+            src, dst = f"transformer.h.{i}.", f"transformer.blocks.{i}."
+            for mine, theirs, transposed in _GPT2_BLOCK:
+                weight = state[src + f"{theirs}.weight"]
+                ours[dst + f"{mine}.weight"] = weight.t().contiguous() if transposed else weight
+                ours[dst + f"{mine}.bias"] = state[src + f"{theirs}.bias"]
     else:
         ours["transformer.wte.weight"] = state["model.embed_tokens.weight"]
         ours["transformer.norm_f.weight"] = state["model.norm.weight"]

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaForCausalLM, MptForCausalLM
+from transformers import AutoModelForCausalLM, GPT2LMHeadModel, LlamaForCausalLM, MptForCausalLM
 
 from llmfoundry.cli import main as cli
 from llmfoundry.config.errors import ConfigError
@@ -21,7 +21,10 @@ ROPE_GQA_SWIGLU = dict(
     attn_config={"rope": True, "attn_type": "grouped_query_attention", "kv_n_heads": 2, "rope_theta": 500.0},
     ffn_config={"ffn_type": "mptglu", "ffn_hidden_size": 88},
 )
-CASES = {"mpt": (ALIBI_MHA_GELU, MptForCausalLM), "llama": (ROPE_GQA_SWIGLU, LlamaForCausalLM)}
+# llm-foundry's default MPT: learned positions, biases everywhere, LayerNorm, GELU MLP (untied, to test lm_head)
+LEARNED_BIASED = dict(learned_pos_emb=True, no_bias=False, norm_type="layernorm", tie_word_embeddings=False)
+CASES = {"mpt": (ALIBI_MHA_GELU, MptForCausalLM), "llama": (ROPE_GQA_SWIGLU, LlamaForCausalLM),
+         "gpt2": (LEARNED_BIASED, GPT2LMHeadModel)}
 
 
 def _ours(overrides):
@@ -49,7 +52,10 @@ def test_exported_folder_loads_natively_with_identical_logits(case, tmp_path, to
     assert type(theirs) is cls
     x, mask = _inputs()
     keep = mask.bool()
-    diff = (theirs(x, attention_mask=mask).logits - ours(x, attention_mask=mask).logits)[keep].abs().max()
+    # Positions count from each row's first real token, as transformers' generate() passes them (this matters
+    # for learned absolute positions; ALiBi and RoPE are relative).
+    extra = {"position_ids": (mask.cumsum(-1) - 1).clamp(min=0)} if cls is GPT2LMHeadModel else {}
+    diff = (theirs(x, attention_mask=mask, **extra).logits - ours(x, attention_mask=mask).logits)[keep].abs().max()
     assert diff <= 1e-4
 
     back = from_transformers(theirs)
@@ -112,7 +118,8 @@ def test_greedy_generate_cli_matches_transformers_generate_on_export(case, tmp_p
 @pytest.mark.parametrize(
     "overrides, key",
     [
-        (dict(learned_pos_emb=True), "model.attn_config.alibi"),
+        (dict(learned_pos_emb=True, norm_type="rmsnorm"), "model.norm_type"),
+        (dict(learned_pos_emb=True, attn_config={"attn_type": "multiquery_attention"}), "model.attn_config.attn_type"),
         (dict(learned_pos_emb=False, attn_config={"alibi": True, "qk_ln": True}), "model.attn_config.qk_ln"),
         (dict(learned_pos_emb=False, no_bias=False, attn_config={"alibi": True}), "model.no_bias"),
         (dict(learned_pos_emb=False, attn_config={"rope": True}), "model.ffn_config.ffn_type"),
@@ -153,3 +160,12 @@ def test_generate_cli_prompts_file_sampling_seed_and_errors(tmp_path, tokenizer,
                 ["--batch_size", "0"]):  # fmt: skip
         assert cli(["generate", str(tmp_path / "m"), "--prompt", "x", *bad]) == 2, bad
         assert capsys.readouterr().err.startswith(f"error: {bad[0]}: ")
+
+
+def test_a_bias_free_learned_position_model_exports_to_gpt2_with_zero_biases():
+    ours = _ours(dict(learned_pos_emb=True, no_bias=True, attn_config={"fused_qkv": False}))
+    theirs = to_transformers(ours)
+    assert type(theirs) is GPT2LMHeadModel
+    assert not theirs.transformer.h[0].attn.c_attn.bias.any()
+    x = torch.randint(2, 512, (2, 24))
+    torch.testing.assert_close(theirs(x).logits, ours(x).logits, atol=1e-4, rtol=1e-4)
