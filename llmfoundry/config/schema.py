@@ -79,7 +79,9 @@ class TrainConfig:
     icl_tasks: list[ICLTaskConfig] | str | None = option(
         None, "in-context-learning tasks run at every evaluation: a list, or the path of a YAML file with icl_tasks"
     )
-    icl_subset_num_batches: int | None = option(None, "score at most this many batches per ICL task (none = all)")
+    icl_subset_num_batches: int | None = option(
+        None, "score only the first N batches of each ICL task, in file order (none = all)"
+    )
     icl_seq_len: int | None = option(None, "context window of ICL tasks that set none (default: max_seq_len)")
     eval_gauntlet: GauntletConfig | str | None = option(
         None, "eval gauntlet over the ICL tasks: a mapping, or the path of a YAML file with eval_gauntlet"

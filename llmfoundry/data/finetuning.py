@@ -27,7 +27,6 @@ MDS data written by ``convert_finetuning_dataset.py`` (tokenized ``input_ids``/`
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os

@@ -76,13 +76,19 @@ def _require_eos(tokenizer, name: str, cli: bool = False) -> None:
     )
 
 
-def _huggingface(name: str, kwargs: dict[str, Any]):
+def load_saved_tokenizer(folder: str | os.PathLike, **kwargs: Any):
+    """A tokenizer folder as it was saved: ours (a SentencePiece model keeps sentencepiece's own encode/decode) or
+    any other through AutoTokenizer. For reloading checkpoints and exports; build_tokenizer is for recipes."""
     from transformers import AutoTokenizer
 
+    if _is_saved_sentencepiece(str(folder)):  # written by SentencePieceTokenizer.save_pretrained
+        return sentencepiece_tokenizer_class().from_pretrained(str(folder), **kwargs)
+    return AutoTokenizer.from_pretrained(str(folder), **kwargs)
+
+
+def _huggingface(name: str, kwargs: dict[str, Any]):
     try:
-        if _is_saved_sentencepiece(name):  # written by SentencePieceTokenizer.save_pretrained
-            return sentencepiece_tokenizer_class().from_pretrained(name, **kwargs)
-        return AutoTokenizer.from_pretrained(name, **kwargs)
+        return load_saved_tokenizer(name, **kwargs)
     except ValueError as error:
         if "trust_remote_code" not in str(error):
             raise

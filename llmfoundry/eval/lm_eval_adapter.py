@@ -56,15 +56,17 @@ class LLMFoundryLM(LM):
         (downloaded first, as ``llmfoundry eval`` does)."""
         from pathlib import Path
 
-        from llmfoundry.eval.models import stage_model_path
+        from llmfoundry.train.checkpoint import stage_model_path
 
         path = stage_model_path(path, "path")
         device = kwargs.get("device", "cpu")
         if (Path(path) / "config.json").is_file():
-            from transformers import AutoModelForCausalLM, AutoTokenizer
+            from transformers import AutoModelForCausalLM
+
+            from llmfoundry.data.tokenizers import load_saved_tokenizer
 
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
-            tokenizer = AutoTokenizer.from_pretrained(path)
+            tokenizer = load_saved_tokenizer(path)
         else:
             from llmfoundry.train.checkpoint import load_model_for_inference
 

@@ -27,6 +27,8 @@ from typing import Any
 import torch
 
 from llmfoundry.config.errors import ConfigError
+from llmfoundry.train.checkpoint import stage_model_path
+from llmfoundry.train.remote import is_remote
 
 HF = "hf_causal_lm"
 
@@ -35,33 +37,6 @@ def _rekey(error: ConfigError, old: str, new: str) -> ConfigError:
     """The same problems, with a key prefix ``old`` (e.g. ``load_path``) replaced by ``new``."""
     problems = [new + p[len(old) :] if p.startswith(old) else f"{new}: {p}" for p in error.problems]
     return ConfigError.many(problems)
-
-
-# ----------------------------------------------------------------------------------------------- remote paths
-def is_remote(path: str | None) -> bool:
-    return isinstance(path, str) and path.startswith("s3://")
-
-
-def stage_model_path(path: str, key: str = "load_path") -> str:
-    """A local path for a model path: ``path`` itself unless it is ``s3://``, in which case one of our checkpoints
-    (or a save_folder's newest complete one), or a Hugging Face folder (it has a ``config.json``), is downloaded
-    with the trainer's helpers (llmfoundry.train.checkpoint) and the local copy's path returned."""
-    if not is_remote(path):
-        return path
-    from llmfoundry.train import checkpoint, remote
-
-    staging = checkpoint.remote_staging(path)
-    try:
-        url = path.rstrip("/")
-        parent, _, last = url.rpartition("/")
-        if parent != "s3:/" and remote.RemoteFolder(url).exists("config.json"):  # a Hugging Face folder
-            return checkpoint.fetch(parent, last, staging)
-        return checkpoint.resolve_load_path(url, staging)
-    except ConfigError as error:
-        raise _rekey(error, "load_path", key) from None
-    except Exception as error:  # noqa: BLE001 - botocore: no credentials, no endpoint, access denied, ...
-        text = str(error).strip().splitlines()
-        raise ConfigError(f"{key}: cannot read '{path}' ({type(error).__name__}: {text[0] if text else ''})") from None
 
 
 def is_hf_folder(path: str) -> bool:

@@ -468,16 +468,22 @@ def load_as_mpt(path: str | Path, overrides: dict | None = None, attn_overrides:
 
 
 def load_model(path: str | Path, device: str = "cpu"):
-    """(model, tokenizer) from one of our checkpoints or a Hugging Face folder, in eval mode."""
+    """(model, tokenizer) from one of our checkpoints or a Hugging Face folder (local or s3://), in eval mode."""
+    if str(path).startswith("s3://"):
+        from llmfoundry.train.checkpoint import stage_model_path
+
+        path = stage_model_path(str(path), "model")
     path = Path(path)
     if (path / "config.json").is_file():
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
+
+        from llmfoundry.data.tokenizers import load_saved_tokenizer
 
         if _read_config(path).get("model_type") == MPTConfig.model_type:
             model = MPTForCausalLM.from_pretrained(path)
         else:
             model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=False)
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = load_saved_tokenizer(path)
         return model.to(device).eval(), tokenizer
     try:
         from llmfoundry.train.checkpoint import load_model_for_inference

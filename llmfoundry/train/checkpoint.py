@@ -231,15 +231,14 @@ def read_checkpoint_config(path: str | Path) -> dict[str, Any]:
 
 def load_model_for_inference(path: str | Path, device: str | torch.device = "cpu"):
     """(model, tokenizer) from one of our checkpoints, on ``device`` in eval mode."""
-    from transformers import AutoTokenizer
-
     from llmfoundry.config.schema import TrainConfig, validate
+    from llmfoundry.data.tokenizers import load_saved_tokenizer
     from llmfoundry.train.builders import build_model, build_tokenizer
 
     path = resolve_checkpoint(path, key="checkpoint")
     cfg = validate(read_checkpoint_config(path), TrainConfig)
     tokenizer_dir = path / "tokenizer"
-    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir)) if tokenizer_dir.is_dir() else build_tokenizer(cfg)
+    tokenizer = load_saved_tokenizer(tokenizer_dir) if tokenizer_dir.is_dir() else build_tokenizer(cfg)
     model = build_model(cfg, tokenizer)
     load_checkpoint(path, model=model, optimizer=None, weights_only=True)
     return model.to(device).eval(), tokenizer
@@ -378,3 +377,25 @@ def resolve_load_path(path: str, staging: Path) -> str:
     if isinstance(found, str):
         raise ConfigError(found)
     return fetch(found[0], found[1], staging)
+
+
+def stage_model_path(path: str, key: str = "load_path") -> str:
+    """A local path for a model path: ``path`` itself unless it is ``s3://``, in which case one of our checkpoints
+    (or a save_folder's newest complete one), or a Hugging Face folder (recognised by its ``config.json``), is
+    downloaded into the staging folder and the local copy's path returned. Used by eval, generate, chat, convert."""
+    from llmfoundry.train import remote
+
+    if not remote.is_remote(path):
+        return path
+    staging = remote_staging(path)
+    try:
+        url = path.rstrip("/")
+        parent, _, last = url.rpartition("/")
+        if parent != "s3:/" and remote.RemoteFolder(url).exists("config.json"):  # a Hugging Face folder
+            return fetch(parent, last, staging)
+        return resolve_load_path(url, staging)
+    except ConfigError as error:  # resolve_load_path names load_path; say which key it really was
+        raise ConfigError.many([key + p[len("load_path"):] if p.startswith("load_path") else f"{key}: {p}"
+                                for p in error.problems]) from None
+    except Exception as error:  # noqa: BLE001 - botocore: no credentials, no endpoint, access denied, ...
+        raise remote.explain(error, path, key) from None

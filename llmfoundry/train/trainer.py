@@ -7,13 +7,11 @@ here, from outside the model.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -256,7 +254,6 @@ class Trainer:
         return last_metrics
 
     def train_step(self, device_batch: dict[str, torch.Tensor]) -> dict[str, float]:
-        cfg = self.cfg
         device_batch = {k: v.to(self.device, non_blocking=True) for k, v in device_batch.items()}
         self.batch = device_batch
         for cb in self.callbacks:

@@ -116,3 +116,19 @@ def test_lm_eval_adapter_loads_from_s3(s3_model):
     lm = LLMFoundryLM.from_path(url)
     for (name, a), b in zip(lm.model.state_dict().items(), model.state_dict().values()):
         assert torch.equal(a, b), name
+
+
+def test_generate_and_convert_read_models_from_s3(s3_model, tmp_path, capsys):
+    from llmfoundry.models.convert import load_model
+
+    url, model, _ = s3_model
+    loaded, _ = load_model(url)
+    for (name, a), b in zip(loaded.state_dict().items(), model.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert cli_main(["generate", url, "--prompt", "1 2 3", "--max_new_tokens", "4"]) == 0
+    assert "### completion 0" in capsys.readouterr().out
+    assert cli_main(["convert", f"{url}/ep0-ba1", str(tmp_path / "hf")]) == 0
+    assert (tmp_path / "hf" / "config.json").is_file()
+    capsys.readouterr()
+    assert cli_main(["generate", f"s3://{BUCKET}/runs/nothing-here", "--prompt", "x"]) == 2
+    assert capsys.readouterr().err.strip() == f"error: model: 's3://{BUCKET}/runs/nothing-here' holds no complete checkpoint"

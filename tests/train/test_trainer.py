@@ -120,7 +120,7 @@ def test_icl_tasks_and_gauntlet_run_at_each_evaluation(recipe, tmp_path, capsys)
     repo = Path(__file__).resolve().parents[2]
     path = tmp_path / "metrics.jsonl"
     tasks = [{"label": "python_choice", "dataset_uri": str(repo / "eval/quickstart/python_choice.jsonl"),
-              "icl_task_type": "multiple_choice", "continuation_delimiter": ""}]
+              "icl_task_type": "multiple_choice", "num_fewshot": [0], "continuation_delimiter": ""}]
     gauntlet = {"categories": [{"name": "code", "benchmarks": [
         {"name": "python_choice", "num_fewshot": 0, "random_baseline": 1 / 3}]}]}
     trainer = make_trainer(recipe(max_duration="4ba", eval_interval="2ba", eval_loader=None, icl_tasks=tasks,
