@@ -110,9 +110,10 @@ def _convert(value: Any, tp: Any, path: str, problems: list[str]) -> Any:
                 return _convert_registered(value, mark.registry, path, problems)
             if isinstance(mark, RegisteredMap):
                 return _convert_registered_map(value, mark.registry, path, problems)
+        before = len(problems)
         converted = _convert(value, base, path, problems)
         for mark in marks:
-            if isinstance(mark, Check) and converted is not None:
+            if isinstance(mark, Check) and converted is not None and len(problems) == before:  # a valid base value
                 try:
                     mark.fn(converted)
                 except ValueError as error:
@@ -189,7 +190,8 @@ def _convert_union(value: Any, tp: Any, path: str, problems: list[str]) -> Any:
     if len(attempts) == 1:
         problems.extend(attempts[0])
     else:
-        structured = [a for a in attempts if not all(": expected" in p for p in a)]
+        # A member that failed only on type (a wrong type, or a value outside a Literal) says less than the union.
+        structured = [a for a in attempts if not all(": expected" in p or " is not one of " in p for p in a)]
         if structured:
             problems.extend(min(structured, key=len))
         else:

@@ -86,7 +86,14 @@ def load_saved_tokenizer(folder: str | os.PathLike, **kwargs: Any):
     return AutoTokenizer.from_pretrained(str(folder), **kwargs)
 
 
+def _looks_like_a_path(name: str) -> bool:
+    """Hub ids are ``name`` or ``org/name``; anything else (./x, /x, ~/x, a/b/c) can only be a local path."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
+
+
 def _huggingface(name: str, kwargs: dict[str, Any]):
+    if _looks_like_a_path(name) and not os.path.exists(os.path.expanduser(name)):
+        raise ConfigError(f"tokenizer.name: folder '{name}' does not exist (check the path; a Hub id is org/name)")
     try:
         return load_saved_tokenizer(name, **kwargs)
     except ValueError as error:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from llmfoundry.config.errors import ConfigError
 from llmfoundry.data.tokenizers import build_tokenizer
 
 ODD_TEXTS = ["  leading and   inner   spaces  ", "tab\tand\nnewline\n\nend", "Quick ＦＵＬＬ-width ① and ünïcödé",
@@ -62,3 +63,9 @@ def test_saved_sentencepiece_tokenizer_reloads_with_the_same_ids(spm_model, corp
     for reloaded in (build_tokenizer(str(tmp_path / "tok")), AutoTokenizer.from_pretrained(str(tmp_path / "tok"))):
         assert reloaded.eos_token_id == sp.eos_id()
         assert [reloaded(t, add_special_tokens=False)["input_ids"] for t in texts] == sp.encode(texts)
+
+
+@pytest.mark.parametrize("name", ["./data/missing/tokenizer", "/no/such/folder", "a/b/c"])
+def test_a_missing_tokenizer_folder_is_named_as_a_folder_not_a_hub_id(name):
+    with pytest.raises(ConfigError, match=f"tokenizer.name: folder '{name}' does not exist"):
+        build_tokenizer(name, {})
