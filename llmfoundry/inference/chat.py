@@ -21,6 +21,7 @@ from llmfoundry.config.errors import ConfigError
 from llmfoundry.inference.sampling import (
     add_sampling_arguments,
     check_sampling_arguments,
+    context_length,
     position_limit,
     sampling_options,
 )
@@ -119,15 +120,6 @@ class StopWhenStreamerStops:
 
     def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
         return torch.full((input_ids.shape[0],), self.streamer.stopped, dtype=torch.bool, device=input_ids.device)
-
-
-def context_length(model) -> int | None:
-    config = getattr(model, "config", None)
-    for key in ("max_seq_len", "max_position_embeddings", "n_positions"):
-        value = getattr(config, key, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
 
 
 class ChatSession:

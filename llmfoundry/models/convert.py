@@ -63,64 +63,69 @@ def _common_problems(arch: MPTArch, target: str) -> list[str]:
     return problems
 
 
+def _multihead_problems(arch: MPTArch, t: str) -> list[str]:
+    problems = []
+    if arch.attn_config.attn_type != "multihead_attention":
+        problems.append(f"model.attn_config.attn_type: {t} supports only multihead_attention, got "
+                        f"{arch.attn_config.attn_type}")
+    if arch.head_dim is not None and arch.head_dim * arch.n_heads != arch.d_model:
+        problems.append(f"model.head_dim: {t} needs head_dim = d_model / n_heads")
+    return problems
+
+
+def _plain_attention_problems(arch: MPTArch, t: str) -> list[str]:
+    """Attention that scales by 1/sqrt(head_dim) and does not clip (transformers' Llama and GPT-2)."""
+    a, problems = arch.attn_config, []
+    if a.clip_qkv is not None:
+        problems.append(f"model.attn_config.clip_qkv: {t} cannot express clip_qkv={a.clip_qkv}")
+    if a.softmax_scale is not None and not math.isclose(a.softmax_scale, arch.head_size**-0.5):
+        problems.append(f"model.attn_config.softmax_scale: {t} always scales by 1/sqrt(head_dim)")
+    return problems
+
+
+def _ffn_problems(arch: MPTArch, t: str, ffn_type: str, what: str) -> list[str]:
+    problems = []
+    if arch.ffn_config.ffn_type != ffn_type:
+        problems.append(f"model.ffn_config.ffn_type: {t} has {what} (use {ffn_type}), got {arch.ffn_config.ffn_type}")
+    if _act(arch) not in _ACT_TO_HF:
+        problems.append(f"model.ffn_config.ffn_act_fn: {t} has no activation {_act(arch)}")
+    return problems
+
+
+def _norm_problems(arch: MPTArch, t: str, norm: str) -> list[str]:
+    if arch.norm_type.endswith(norm):
+        return []
+    return [f"model.norm_type: {t} uses {'RMSNorm' if norm == 'rmsnorm' else 'LayerNorm'}, got {arch.norm_type}"]
+
+
 def mpt_export_problems(arch: MPTArch) -> list[str]:
     a, t = arch.attn_config, "transformers' MptForCausalLM"
-    problems = _common_problems(arch, t)
+    problems = _common_problems(arch, t) + _multihead_problems(arch, t) + _norm_problems(arch, t, "layernorm")
     if not a.alibi:
         problems.append(f"model.attn_config.alibi: {t} always uses ALiBi (got alibi=false)")
     if arch.learned_pos_emb:
         problems.append(f"model.learned_pos_emb: {t} has no learned position embeddings (set learned_pos_emb: false)")
-    if a.attn_type != "multihead_attention":
-        problems.append(f"model.attn_config.attn_type: {t} supports only multihead_attention, got {a.attn_type}")
-    if arch.head_dim is not None and arch.head_dim * arch.n_heads != arch.d_model:
-        problems.append(f"model.head_dim: {t} needs head_dim = d_model / n_heads")
     if arch.ffn_config.ffn_type != "mptmlp" or _act(arch) != ("gelu", "none"):
         problems.append(f"model.ffn_config: {t} supports only ffn_type mptmlp with exact gelu")
     if arch.ffn_hidden != 4 * arch.d_model:
         problems.append(f"model.expansion_ratio: {t} has a fixed 4x MLP, got hidden size {arch.ffn_hidden}")
-    if not arch.norm_type.endswith("layernorm"):
-        problems.append(f"model.norm_type: {t} uses LayerNorm, got {arch.norm_type}")
     if not arch.no_bias or arch.qkv_bias:
         problems.append(f"model.no_bias: {t} has no biases (set no_bias: true)")
     return problems
 
 
 def llama_export_problems(arch: MPTArch) -> list[str]:
-    a, t = arch.attn_config, "transformers' LlamaForCausalLM"
-    problems = _common_problems(arch, t)
+    t = "transformers' LlamaForCausalLM"
+    problems = _common_problems(arch, t) + _plain_attention_problems(arch, t)
     if arch.learned_pos_emb:
         problems.append(f"model.learned_pos_emb: {t} has no learned position embeddings")
-    if a.clip_qkv is not None:
-        problems.append(f"model.attn_config.clip_qkv: {t} cannot express clip_qkv={a.clip_qkv}")
-    if a.softmax_scale is not None and not math.isclose(a.softmax_scale, arch.head_size**-0.5):
-        problems.append(f"model.attn_config.softmax_scale: {t} always scales by 1/sqrt(head_dim)")
-    if arch.ffn_config.ffn_type != "mptglu":
-        problems.append(f"model.ffn_config.ffn_type: {t} has a gated MLP (use mptglu), got {arch.ffn_config.ffn_type}")
-    if _act(arch) not in _ACT_TO_HF:
-        problems.append(f"model.ffn_config.ffn_act_fn: {t} has no activation {_act(arch)}")
-    if not arch.norm_type.endswith("rmsnorm"):
-        problems.append(f"model.norm_type: {t} uses RMSNorm, got {arch.norm_type}")
-    return problems
+    return problems + _ffn_problems(arch, t, "mptglu", "a gated MLP") + _norm_problems(arch, t, "rmsnorm")
 
 
 def gpt2_export_problems(arch: MPTArch) -> list[str]:
-    a, t = arch.attn_config, "transformers' GPT2LMHeadModel"
-    problems = _common_problems(arch, t)
-    if a.attn_type != "multihead_attention":
-        problems.append(f"model.attn_config.attn_type: {t} supports only multihead_attention, got {a.attn_type}")
-    if arch.head_dim is not None and arch.head_dim * arch.n_heads != arch.d_model:
-        problems.append(f"model.head_dim: {t} needs head_dim = d_model / n_heads")
-    if a.clip_qkv is not None:
-        problems.append(f"model.attn_config.clip_qkv: {t} cannot express clip_qkv={a.clip_qkv}")
-    if a.softmax_scale is not None and not math.isclose(a.softmax_scale, arch.head_size**-0.5):
-        problems.append(f"model.attn_config.softmax_scale: {t} always scales by 1/sqrt(head_dim)")
-    if arch.ffn_config.ffn_type != "mptmlp":
-        problems.append(f"model.ffn_config.ffn_type: {t} has a plain MLP (use mptmlp), got {arch.ffn_config.ffn_type}")
-    if _act(arch) not in _ACT_TO_HF:
-        problems.append(f"model.ffn_config.ffn_act_fn: {t} has no activation {_act(arch)}")
-    if not arch.norm_type.endswith("layernorm"):
-        problems.append(f"model.norm_type: {t} uses LayerNorm, got {arch.norm_type}")
-    return problems
+    t = "transformers' GPT2LMHeadModel"
+    return (_common_problems(arch, t) + _multihead_problems(arch, t) + _plain_attention_problems(arch, t)
+            + _ffn_problems(arch, t, "mptmlp", "a plain MLP") + _norm_problems(arch, t, "layernorm"))
 
 
 # our MPT block's layers <-> GPT-2's, and whether the weight is stored transposed (GPT-2's Conv1D is x @ W)
