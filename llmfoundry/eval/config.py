@@ -19,6 +19,7 @@ import yaml
 
 from llmfoundry.config.errors import ConfigError, did_you_mean
 from llmfoundry import registry
+from llmfoundry.config.checks import LogLevel
 from llmfoundry.config.fields import option
 from llmfoundry.config.validate import RegisteredMap
 
@@ -174,7 +175,7 @@ class EvalConfig:
     )
     fsdp_config: dict[str, Any] | None = option(None, "FSDP settings", unsupported="fsdp_config in eval")
     model_gauntlet: Any = option(None, "old name of eval_gauntlet", unsupported="model_gauntlet (use eval_gauntlet)")
-    python_log_level: str | None = option("info", "Python logging level")
+    python_log_level: LogLevel | None = option("info", "Python logging level (debug, info, warning, error, critical)")
     variables: dict[str, Any] = option({}, "values for ${variables.x} interpolation")
     metadata: dict[str, Any] = option({}, "free-form metadata")
 
