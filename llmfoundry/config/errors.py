@@ -25,6 +25,18 @@ class ConfigError(ValueError):
         header = f"{len(problems)} problems in the config:"
         return cls("\n".join([header] + [f"  - {p}" for p in problems]), problems)
 
+    def rekeyed(self, old: str, new: str) -> "ConfigError":
+        """The same problems reported under key ``new``: a problem about ``old`` (e.g. a helper's ``load_path``)
+        gets ``new`` as its prefix, any other is put under ``new``."""
+        return ConfigError.many([new + p[len(old):] if p.startswith(old) else f"{new}: {p}" for p in self.problems])
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of an exception's message (its type's name when the message is empty), for one-line errors
+    that quote what a library said."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
 
 def closest(word: str, candidates: Iterable[str]) -> str | None:
     """The candidate most similar to ``word``, or None when nothing is close."""

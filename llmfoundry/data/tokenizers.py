@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from llmfoundry.config.errors import ConfigError
+from llmfoundry.config.errors import ConfigError, first_line
 from llmfoundry.registry import tokenizers as tokenizer_registry
 
 TIKTOKEN_EOS = "<|endoftext|>"
@@ -140,7 +140,7 @@ def _sentencepiece(model_file: str, kwargs: dict[str, Any]):
         return sentencepiece_tokenizer_class()(vocab_file=model_file, **kwargs)
     except (RuntimeError, OSError) as error:  # sentencepiece: not a model file
         raise ConfigError(f"tokenizer.name: cannot load SentencePiece model '{model_file}' "
-                          f"({str(error).splitlines()[0]})") from None
+                          f"({first_line(error)})") from None
 
 
 _SENTENCEPIECE_CLASS: list[type] = []

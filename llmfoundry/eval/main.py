@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from llmfoundry.eval.config import EvalConfig, EvalModelConfig, load_eval_config
+from llmfoundry.eval.config import EvalConfig, load_eval_config
 from llmfoundry.eval.gauntlet import (
     compute_gauntlet,
     gauntlet_table,
@@ -29,6 +29,7 @@ from llmfoundry.eval.gauntlet import (
     tasks_table,
 )
 from llmfoundry.eval.icl.data import check_task_files
+from llmfoundry.eval.models import load_model
 from llmfoundry.eval.runner import ICLEvaluator
 
 log = logging.getLogger("llmfoundry.eval")
@@ -39,15 +40,6 @@ def read_config(path: str, overrides: list[str]) -> EvalConfig:
     from llmfoundry.config.load import load_config
 
     return load_eval_config(load_config(path, overrides))
-
-
-def load_model(spec: EvalModelConfig, device: torch.device, cfg: EvalConfig | None = None):
-    """(model, tokenizer) for one entry of ``models`` (see llmfoundry.eval.models)."""
-    from llmfoundry.eval.models import load_model as load
-
-    if cfg is None:
-        return load(spec, device)
-    return load(spec, device, max_seq_len=cfg.max_seq_len, precision=cfg.precision)
 
 
 def build_loggers(cfg: EvalConfig, run_name: str) -> list:
@@ -89,7 +81,7 @@ def run_eval(cfg: EvalConfig) -> dict[str, dict[str, Any]]:
 def _evaluate_models(cfg: EvalConfig, info, results: dict, printed: list[str], loggers: list) -> None:
     for step, spec in enumerate(cfg.models):
         start = time.perf_counter()
-        model, tokenizer = load_model(spec, info.device, cfg)
+        model, tokenizer = load_model(spec, info.device, max_seq_len=cfg.max_seq_len, precision=cfg.precision)
         evaluator = ICLEvaluator(
             cfg.icl_tasks,
             tokenizer,

@@ -33,12 +33,6 @@ from llmfoundry.train.remote import is_remote
 HF = "hf_causal_lm"
 
 
-def _rekey(error: ConfigError, old: str, new: str) -> ConfigError:
-    """The same problems, with a key prefix ``old`` (e.g. ``load_path``) replaced by ``new``."""
-    problems = [new + p[len(old) :] if p.startswith(old) else f"{new}: {p}" for p in error.problems]
-    return ConfigError.many(problems)
-
-
 def is_hf_folder(path: str) -> bool:
     return (Path(path) / "config.json").is_file()
 
@@ -103,7 +97,7 @@ def build_tokenizer(spec, key: str, default: str | None, max_seq_len: int | None
     try:
         return build(name, kwargs)
     except ConfigError as error:
-        raise _rekey(error, "tokenizer", f"{key}.tokenizer") from None
+        raise error.rekeyed("tokenizer", f"{key}.tokenizer") from None
 
 
 def _build(name: str, settings: Any, tokenizer, key: str) -> torch.nn.Module:
@@ -113,7 +107,7 @@ def _build(name: str, settings: Any, tokenizer, key: str) -> torch.nn.Module:
     try:
         return entry.builder(settings, tokenizer)
     except ConfigError as error:
-        raise _rekey(error, "model", f"{key}.model") from None
+        raise error.rekeyed("model", f"{key}.model") from None
 
 
 def load_model(spec, device: torch.device | str = "cpu", *, max_seq_len: int | None = None,

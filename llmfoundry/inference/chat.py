@@ -133,6 +133,7 @@ class ChatSession:
         self.history: list[dict[str, str]] = []
         self.streamer = TerminalStreamer(tokenizer, self.template.stop_strings, self.out)
         self.limit = context_length(model)
+        self.positions = position_limit(model)  # learned positions: answers must stop at the last one
         self.device = next(model.parameters()).device
 
     def messages(self) -> list[dict[str, str]]:
@@ -159,8 +160,9 @@ class ChatSession:
         self.out.flush()
         self.streamer.reset()
         input_ids = torch.tensor([ids], device=self.device)
-        limit = position_limit(self.model)  # a model with learned positions cannot run past them: answer shorter
-        room = self.args.max_new_tokens if limit is None else max(1, min(self.args.max_new_tokens, limit - len(ids)))
+        room = self.args.max_new_tokens
+        if self.positions is not None:  # a model with learned positions cannot run past them: answer shorter
+            room = max(1, min(room, self.positions - len(ids)))
         options = dict(
             max_new_tokens=room,
             attention_mask=torch.ones_like(input_ids),

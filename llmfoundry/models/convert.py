@@ -397,39 +397,11 @@ def from_transformers(hf_model: nn.Module, **arch_overrides: Any) -> MPTForCausa
     arch = from_dict(MPTArch, values, "model")
     arch.init_device = "cpu"  # weights are copied in right away
     state = {k: v.detach() for k, v in hf_model.state_dict().items()}
-    ours = {}
-    if hf_model.config.model_type == "mpt":
+    kind = hf_model.config.model_type
+    if kind == "mpt":  # our parameter names are transformers' MPT names
         ours = {k: v for k, v in state.items() if not (k == "lm_head.weight" and arch.tie_word_embeddings)}
-    elif hf_model.config.model_type == "gpt2":
-        for name in ("wte", "wpe"):
-            ours[f"transformer.{name}.weight"] = state[f"transformer.{name}.weight"]
-        ours["transformer.norm_f.weight"] = state["transformer.ln_f.weight"]
-        ours["transformer.norm_f.bias"] = state["transformer.ln_f.bias"]
-        if not arch.tie_word_embeddings:
-            ours["lm_head.weight"] = state["lm_head.weight"]
-        for i in range(arch.n_layers):
-            src, dst = f"transformer.h.{i}.", f"transformer.blocks.{i}."
-            for mine, theirs, transposed in _GPT2_BLOCK:
-                weight = state[src + f"{theirs}.weight"]
-                ours[dst + f"{mine}.weight"] = weight.t().contiguous() if transposed else weight
-                ours[dst + f"{mine}.bias"] = state[src + f"{theirs}.bias"]
     else:
-        ours["transformer.wte.weight"] = state["model.embed_tokens.weight"]
-        ours["transformer.norm_f.weight"] = state["model.norm.weight"]
-        if not arch.tie_word_embeddings:
-            ours["lm_head.weight"] = state["lm_head.weight"]
-        for i in range(arch.n_layers):
-            src, dst = f"model.layers.{i}.", f"transformer.blocks.{i}."
-            ours[dst + "norm_1.weight"] = state[src + "input_layernorm.weight"]
-            ours[dst + "norm_2.weight"] = state[src + "post_attention_layernorm.weight"]
-            for kind in ("weight", "bias"):
-                qkv = [state.get(src + f"self_attn.{n}_proj.{kind}") for n in "qkv"]
-                if qkv[0] is not None:
-                    ours[dst + f"attn.Wqkv.{kind}"] = torch.cat(qkv)
-                for theirs, mine in (("self_attn.o_proj", "attn.out_proj"), ("mlp.gate_proj", "ffn.gate_proj"),
-                                     ("mlp.up_proj", "ffn.up_proj"), ("mlp.down_proj", "ffn.down_proj")):  # fmt: skip
-                    if src + f"{theirs}.{kind}" in state:
-                        ours[dst + f"{mine}.{kind}"] = state[src + f"{theirs}.{kind}"]
+        ours = (_state_from_gpt2 if kind == "gpt2" else _state_from_llama)(arch, state)
     if not arch.attn_config.fused_qkv:
         arch.attn_config.fused_qkv = True  # imported weights come fused; keep the fused layout
     with torch.device("meta"):
@@ -438,6 +410,46 @@ def from_transformers(hf_model: nn.Module, **arch_overrides: Any) -> MPTForCausa
     model.to(next(iter(ours.values())).dtype)
     model.load_state_dict(ours, strict=True)
     return model.eval()
+
+
+def _outer_state(arch: MPTArch, state: dict, embed: str, norm_f: str) -> dict:
+    """Our embedding, final norm and (untied) head from a transformers state dict's names for them."""
+    ours = {"transformer.wte.weight": state[f"{embed}.weight"]}
+    for kind in ("weight", "bias"):
+        if f"{norm_f}.{kind}" in state:
+            ours[f"transformer.norm_f.{kind}"] = state[f"{norm_f}.{kind}"]
+    if not arch.tie_word_embeddings:
+        ours["lm_head.weight"] = state["lm_head.weight"]
+    return ours
+
+
+def _state_from_gpt2(arch: MPTArch, state: dict) -> dict:
+    ours = _outer_state(arch, state, "transformer.wte", "transformer.ln_f")
+    ours["transformer.wpe.weight"] = state["transformer.wpe.weight"]
+    for i in range(arch.n_layers):
+        src, dst = f"transformer.h.{i}.", f"transformer.blocks.{i}."
+        for mine, theirs, transposed in _GPT2_BLOCK:
+            weight = state[src + f"{theirs}.weight"]
+            ours[dst + f"{mine}.weight"] = weight.t().contiguous() if transposed else weight
+            ours[dst + f"{mine}.bias"] = state[src + f"{theirs}.bias"]
+    return ours
+
+
+def _state_from_llama(arch: MPTArch, state: dict) -> dict:
+    ours = _outer_state(arch, state, "model.embed_tokens", "model.norm")
+    for i in range(arch.n_layers):
+        src, dst = f"model.layers.{i}.", f"transformer.blocks.{i}."
+        ours[dst + "norm_1.weight"] = state[src + "input_layernorm.weight"]
+        ours[dst + "norm_2.weight"] = state[src + "post_attention_layernorm.weight"]
+        for kind in ("weight", "bias"):
+            qkv = [state.get(src + f"self_attn.{n}_proj.{kind}") for n in "qkv"]
+            if qkv[0] is not None:
+                ours[dst + f"attn.Wqkv.{kind}"] = torch.cat(qkv)
+            for theirs, mine in (("self_attn.o_proj", "attn.out_proj"), ("mlp.gate_proj", "ffn.gate_proj"),
+                                 ("mlp.up_proj", "ffn.up_proj"), ("mlp.down_proj", "ffn.down_proj")):  # fmt: skip
+                if src + f"{theirs}.{kind}" in state:
+                    ours[dst + f"{mine}.{kind}"] = state[src + f"{theirs}.{kind}"]
+    return ours
 
 
 def _read_config(path: Path) -> dict:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from llmfoundry.config.errors import ConfigError, did_you_mean
+from llmfoundry.config.errors import ConfigError, did_you_mean, first_line
 from llmfoundry.config.fields import option
 from llmfoundry.registry import models
 
@@ -202,8 +202,7 @@ def load_hf_causal_lm(settings: HFModelSettings, tokenizer=None) -> HFCausalLM:
         if attn is None or "attn" not in str(error).lower() and "flash" not in str(error).lower():
             raise
         key = "use_flash_attention_2" if settings.use_flash_attention_2 else "attn_implementation"
-        first = str(error).strip().splitlines()[0]
-        raise ConfigError(f"model.{key}: '{attn}' cannot be used with this model here ({first})") from None
+        raise ConfigError(f"model.{key}: '{attn}' cannot be used with this model here ({first_line(error)})") from None
     if tokenizer is not None and len(tokenizer) > model.get_input_embeddings().num_embeddings:
         model.resize_token_embeddings(len(tokenizer))
     if settings.peft_config:

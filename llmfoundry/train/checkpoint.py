@@ -39,7 +39,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from llmfoundry.config.errors import ConfigError
+from llmfoundry.config.errors import ConfigError, first_line
 from llmfoundry.train import dist
 
 LATEST = "latest"
@@ -217,8 +217,7 @@ def _load_failure(error: BaseException) -> str:
     """The first line of what went wrong, unwrapped from DCP's per-rank CheckpointException (a BaseException)."""
     if isinstance(error, CheckpointException) and error.failures:
         error = next(iter(error.failures.values()))[0]
-    text = str(error).strip().strip("'\"")
-    return text.splitlines()[0].rstrip(".") if text else type(error).__name__
+    return first_line(error).strip("'\"").rstrip(".")
 
 
 def read_checkpoint_config(path: str | Path) -> dict[str, Any]:
@@ -395,7 +394,6 @@ def stage_model_path(path: str, key: str = "load_path") -> str:
             return fetch(parent, last, staging)
         return resolve_load_path(url, staging)
     except ConfigError as error:  # resolve_load_path names load_path; say which key it really was
-        raise ConfigError.many([key + p[len("load_path"):] if p.startswith("load_path") else f"{key}: {p}"
-                                for p in error.problems]) from None
+        raise error.rekeyed("load_path", key) from None
     except Exception as error:  # noqa: BLE001 - botocore: no credentials, no endpoint, access denied, ...
         raise remote.explain(error, path, key) from None

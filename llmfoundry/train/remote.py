@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from llmfoundry.config.errors import ConfigError
+from llmfoundry.config.errors import ConfigError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +87,7 @@ def explain(error: Exception, url: str, key: str) -> ConfigError:
     if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
         return ConfigError(f"{key}: access to '{url}' was refused ({code}); check AWS_ACCESS_KEY_ID / "
                            "AWS_SECRET_ACCESS_KEY and the bucket's permissions")
-    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    return ConfigError(f"{key}: cannot reach '{url}' at {endpoint} ({first}); check S3_ENDPOINT_URL and the "
+    return ConfigError(f"{key}: cannot reach '{url}' at {endpoint} ({first_line(error)}); check S3_ENDPOINT_URL and the "
                        "network")
 
 

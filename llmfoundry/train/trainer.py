@@ -254,12 +254,12 @@ class Trainer:
         return last_metrics
 
     def train_step(self, device_batch: dict[str, torch.Tensor]) -> dict[str, float]:
+        self._check_token_ids(device_batch)  # on the loader's CPU tensors: no device sync
         device_batch = {k: v.to(self.device, non_blocking=True) for k, v in device_batch.items()}
         self.batch = device_batch
         for cb in self.callbacks:
             cb.on_batch_start(self)
         self.parallel_model.train()
-        self._check_token_ids(device_batch)
         num_samples = device_batch["input_ids"].size(0)
         targets = dist.all_reduce_sum(count_target_tokens(device_batch["labels"]).float())
         while True:
@@ -379,8 +379,8 @@ class Trainer:
         for i, batch in enumerate(self.eval_loader):
             if 0 <= self.cfg.eval_subset_num_batches <= i:
                 break
-            batch = {k: v.to(self.device) for k, v in batch.items()}
             self._check_token_ids(batch)
+            batch = {k: v.to(self.device) for k, v in batch.items()}
             with precision.autocast(self.cfg.precision, self.device):
                 logits = self.model(**self._model_inputs(batch)).logits
             loss_sum += causal_lm_loss_sum(logits, batch["labels"]).double()

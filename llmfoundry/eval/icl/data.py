@@ -8,7 +8,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from llmfoundry.config.errors import ConfigError
+from llmfoundry.config.errors import ConfigError, first_line
+from llmfoundry.data.prep.common import s3_client
 
 
 def _read_jsonl(path: Path, key: str) -> list[dict[str, Any]]:
@@ -27,11 +28,6 @@ def _read_jsonl(path: Path, key: str) -> list[dict[str, Any]]:
     return records
 
 
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
-
-
 def _s3_problem(error: BaseException) -> str:
     """A short description of a boto3 failure (missing object or bucket, no credentials, no endpoint, ...)."""
     code = str(getattr(error, "response", {}).get("Error", {}).get("Code", ""))
@@ -41,14 +37,7 @@ def _s3_problem(error: BaseException) -> str:
         return "no such bucket"
     if code in ("403", "AccessDenied"):
         return "access denied"
-    return f"{type(error).__name__}: {_first_line(error)}"
-
-
-def _s3_client():
-    import boto3
-
-    endpoint = os.environ.get("S3_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3") or None
-    return boto3.client("s3", endpoint_url=endpoint)
+    return f"{type(error).__name__}: {first_line(error)}"
 
 
 def _split_s3(uri: str, key: str) -> tuple[str, str]:
@@ -63,7 +52,7 @@ def _download_s3(uri: str, key: str) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".jsonl")
     os.close(fd)
     try:
-        _s3_client().download_file(bucket, obj, tmp)
+        s3_client().download_file(bucket, obj, tmp)
     except Exception as error:  # noqa: BLE001 - botocore raises ClientError, NoCredentialsError, EndpointConnectionError...
         Path(tmp).unlink(missing_ok=True)
         raise ConfigError(f"{key}: cannot download task file '{uri}' ({_s3_problem(error)})") from None
@@ -79,7 +68,7 @@ def _load_hf(uri: str, loading_vars: dict[str, Any], parsing_map: dict[str, Any]
         dataset = load_dataset(uri[len("hf://") :], **loading_vars)
     except Exception as error:  # noqa: BLE001 - offline, unknown dataset or config, bad loading vars, ...
         raise ConfigError(
-            f"{key}: cannot load the Hugging Face dataset '{uri}' ({type(error).__name__}: {_first_line(error)}); "
+            f"{key}: cannot load the Hugging Face dataset '{uri}' ({type(error).__name__}: {first_line(error)}); "
             "hf:// task files need the network or the datasets cache"
         ) from None
     if isinstance(dataset, (DatasetDict, IterableDatasetDict)):
@@ -107,7 +96,7 @@ def check_task_files(tasks) -> None:
         if uri.startswith("s3://"):
             try:
                 bucket, obj = _split_s3(uri, key)
-                _s3_client().head_object(Bucket=bucket, Key=obj)
+                s3_client().head_object(Bucket=bucket, Key=obj)
             except ConfigError as error:
                 problems.append(str(error))
             except Exception as error:  # noqa: BLE001

@@ -274,19 +274,16 @@ def run_scoring(
     max_batch_tokens: int = 16384,
     use_kv_cache: bool = False,
     packed: bool = False,
-    max_batches: int | None = None,
     sync_calls: Callable[[int], int] | None = None,
     dummy_forward: Callable[[], None] | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> list[list[SequenceScore] | None]:
-    """Scores for every group (None for groups past ``max_batches``, a cap on forward passes after the groups are
-    sorted by length: to score an unbiased subset, pass only the groups of that subset)."""
+    """Scores for every group; the groups are sorted by length and packed into batches (to score a subset, pass
+    only the groups of that subset)."""
     if packed:
         batches = plan_batches(groups, batch_size, max_batch_tokens, width=packed_width, rows=lambda g: 1)
     else:
         batches = plan_batches(groups, batch_size, max_batch_tokens) if groups else []
-    if max_batches is not None:
-        batches = batches[:max_batches]
     total = sync_calls(len(batches)) if sync_calls else len(batches)
     keep_last = "logits_to_keep" in _forward_params(model)
     results: list[list[SequenceScore] | None] = [None] * len(groups)
