@@ -1,7 +1,7 @@
 """Training throughput (tokens/s) and MFU of MPT recipes, one device.
 
 One step = forward + next-token loss + backward + AdamW, on synthetic token batches, exactly as the trainer runs
-them (llmfoundry.train.precision autocast; torch.compile per block via llmfoundry.train.parallel). MFU = achieved
+them (llmfoundry.core.precision autocast; torch.compile per block via llmfoundry.train.parallel). MFU = achieved
 model FLOP/s (``model.flops_per_token(seq)``, 6N + 12·L·d·T) / the device's dense bf16 peak (A100 312,
 H100/H200 989 TFLOP/s; ``--peak-tflops`` for other devices; none on CPU).
 
@@ -23,7 +23,8 @@ import torch.nn.functional as F
 
 from llmfoundry.models.mpt import MPTConfig, MPTForCausalLM
 from llmfoundry.models.mpt.config import MPTArch
-from llmfoundry.train import parallel, precision
+from llmfoundry.core import precision
+from llmfoundry.train import parallel
 from llmfoundry.train.callbacks.speed_monitor import device_peak_tflops
 from llmfoundry.train.settings import CompileConfig
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import importlib
 import sys
 
-from llmfoundry.config.errors import ConfigError
+from llmfoundry.core.errors import ConfigError
 
 # command -> (module with `main(argv: list[str]) -> int`, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("llmfoundry.train.main", "train from a YAML recipe: llmfoundry train RECIPE.yaml [key=value ...]"),
-    "eval": ("llmfoundry.eval.main", "score models on ICL tasks and the gauntlet: llmfoundry eval RECIPE.yaml"),
-    "convert": ("llmfoundry.models.convert", "export a checkpoint to a Hugging Face folder"),
+    "train": ("llmfoundry.commands.train", "train from a YAML recipe: llmfoundry train RECIPE.yaml [key=value ...]"),
+    "eval": ("llmfoundry.commands.eval", "score models on ICL tasks and the gauntlet: llmfoundry eval RECIPE.yaml"),
+    "convert": ("llmfoundry.commands.convert", "export a checkpoint to a Hugging Face folder"),
     "generate": ("llmfoundry.inference.generate", "generate text from a checkpoint or Hugging Face folder"),
     "chat": ("llmfoundry.inference.chat", "chat with a model in the terminal"),
     "data": ("llmfoundry.data.prep.cli", "prepare datasets as MDS shards: llmfoundry data {text,json,hf,finetuning}"),
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
-        from llmfoundry.config.errors import did_you_mean
+        from llmfoundry.core.errors import did_you_mean
 
         print(f"error: unknown command '{command}'{did_you_mean(command, COMMANDS)}\n\n{_usage()}", file=sys.stderr)
         return 2

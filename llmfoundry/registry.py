@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
 
-from llmfoundry.config.errors import ConfigError, did_you_mean
+from llmfoundry.core.errors import ConfigError, did_you_mean
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ def import_code_paths(paths: list[str] | None, key: str = "code_paths") -> None:
     import sys
     from pathlib import Path
 
-    from llmfoundry.config.errors import ConfigError
+    from llmfoundry.core.errors import ConfigError
 
     if paths is None:
         return

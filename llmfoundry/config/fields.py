@@ -8,7 +8,7 @@ Every config section that a user can write in YAML is a plain ``@dataclass`` who
         kv_n_heads: int | None = option(None, "key/value heads for grouped_query_attention")
         sliding_window_size: int = option(-1, "...", unsupported="sliding-window attention")
 
-The schema validator (llmfoundry.config.schema) reads the type hints and defaults; the docs reference
+The schema validator (llmfoundry.train.recipe) reads the type hints and defaults; the docs reference
 (docs/config-reference.md) is generated from ``doc``. A field marked ``unsupported`` is accepted while it keeps
 its default and is a "not supported yet" error when a user sets it, so that no key is ever silently ignored.
 """

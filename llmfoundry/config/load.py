@@ -1,7 +1,7 @@
 """Load a YAML recipe, apply command-line overrides in Hydra's grammar, and resolve interpolations.
 
 Overrides (``a.b=1``, ``+new=2``, ``++force=3``, ``~drop``) may set any key whether or not the YAML mentions it:
-judging whether a key exists is the schema's job (llmfoundry.config.schema), which reports unknown keys with a
+judging whether a key exists is the schema's job (llmfoundry.train.recipe), which reports unknown keys with a
 suggestion. ``${variables.x}`` and every other OmegaConf interpolation are resolved here, once.
 """
 
@@ -14,7 +14,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from llmfoundry.config.errors import ConfigError
+from llmfoundry.core.errors import ConfigError
 
 
 def read_yaml(path: str | Path) -> DictConfig:

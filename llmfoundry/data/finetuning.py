@@ -37,7 +37,8 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from llmfoundry.config.errors import ConfigError
+from llmfoundry.core import objectstore
+from llmfoundry.core.errors import ConfigError
 from llmfoundry.config.fields import option
 from llmfoundry.data.text import IGNORE_INDEX, StreamingOptions, dataloader_kwargs, make_streaming_dataset
 from llmfoundry.registry import dataloaders
@@ -91,13 +92,13 @@ def _read_jsonl_records(path: str) -> list[tuple[str, dict]]:
 
 def load_raw_examples(ds: FinetuningDatasetSettings, key: str) -> list[tuple[str, dict]]:
     """(where, raw example) pairs of the configured split; ``where`` names file and line for error messages."""
-    from llmfoundry.data.prep import common
+
 
     name, split = ds.hf_name, ds.split or "train"
     data_files = ds.hf_kwargs.get("data_files")
-    if name is not None and common.is_remote(name):
-        path = common.join(name, f"{split}.jsonl")
-        if common.read_bytes(path) is None:
+    if name is not None and objectstore.is_remote(name):
+        path = objectstore.join(name, f"{split}.jsonl")
+        if objectstore.read_bytes(path) is None:
             raise ConfigError(f"{key}.hf_name: '{path}' does not exist (the remote folder needs {split}.jsonl)")
         records = _read_jsonl_records(path)
     elif name == "json" and data_files is not None:
@@ -108,7 +109,7 @@ def load_raw_examples(ds: FinetuningDatasetSettings, key: str) -> list[tuple[str
         files = [data_files] if isinstance(data_files, str) else list(data_files)
         records = []
         for file in files:
-            if not common.is_remote(file) and not os.path.isfile(file):
+            if not objectstore.is_remote(file) and not os.path.isfile(file):
                 raise ConfigError(f"{key}.hf_kwargs.data_files: '{file}' does not exist")
             records += _read_jsonl_records(file)
     elif name is not None and name.endswith((".jsonl", ".json")) and os.path.isfile(name):

@@ -35,7 +35,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from llmfoundry.config.errors import ConfigError
+from llmfoundry.core.errors import ConfigError
 from llmfoundry.config.fields import option
 from llmfoundry.registry import dataloaders
 

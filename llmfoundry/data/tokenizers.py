@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from llmfoundry.config.errors import ConfigError, first_line
+from llmfoundry.core.errors import ConfigError, first_line
 from llmfoundry.registry import tokenizers as tokenizer_registry
 
 TIKTOKEN_EOS = "<|endoftext|>"

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 
-from llmfoundry.config.errors import ConfigError, did_you_mean
+from llmfoundry.core.errors import ConfigError, did_you_mean
 from llmfoundry import registry
 from llmfoundry.config.checks import LogLevel
 from llmfoundry.config.fields import option

@@ -15,7 +15,7 @@ import logging
 import math
 from typing import Any
 
-from llmfoundry.config.errors import ConfigError
+from llmfoundry.core.errors import ConfigError
 from llmfoundry.eval.config import GauntletConfig, load_gauntlet
 
 log = logging.getLogger(__name__)

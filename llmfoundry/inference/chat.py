@@ -17,7 +17,8 @@ import sys
 
 import torch
 
-from llmfoundry.config.errors import ConfigError
+from llmfoundry.core.errors import ConfigError
+from llmfoundry.loading import load_model
 from llmfoundry.inference.sampling import (
     add_sampling_arguments,
     check_sampling_arguments,
@@ -244,7 +245,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    from llmfoundry.models.convert import load_model  # the loader `llmfoundry generate` uses
 
     torch.manual_seed(args.seed)
     model, tokenizer = load_model(args.model, device=args.device)

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-from llmfoundry.config.errors import ConfigError
+from llmfoundry.core.errors import ConfigError
+from llmfoundry.loading import load_model
 from llmfoundry.inference.sampling import (
     add_sampling_arguments,
     check_room,
@@ -72,7 +73,6 @@ def main(argv: list[str]) -> int:
     if args.batch_size is not None and args.batch_size <= 0:
         raise ConfigError(f"--batch_size: must be positive, got {args.batch_size}")
 
-    from llmfoundry.models.convert import load_model
 
     prompts = _read_prompts(args)
     torch.manual_seed(args.seed)

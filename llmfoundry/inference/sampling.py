@@ -6,7 +6,7 @@ import argparse
 
 import torch
 
-from llmfoundry.config.errors import ConfigError
+from llmfoundry.core.errors import ConfigError
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser, *, max_new_tokens: int, temperature: float,

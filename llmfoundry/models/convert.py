@@ -11,12 +11,11 @@ Anything else is a ConfigError that names each option that stands in the way, be
 exported model is worse than none. Our parameter names already match transformers' MPT, so the MPT mapping is
 the identity; the Llama one splits the fused Wqkv into q/k/v projections.
 
-``llmfoundry convert CHECKPOINT OUT_DIR [--dtype fp32|bf16|fp16]`` is ``main`` below.
+``llmfoundry convert`` (llmfoundry.commands.convert) runs ``export_hf`` on a loaded model.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from pathlib import Path
@@ -25,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from llmfoundry.config.errors import ConfigError
+from llmfoundry.core.errors import ConfigError
 from llmfoundry.models.mpt.config import MPTArch, MPTConfig, from_dict, to_dict
 from llmfoundry.models.mpt.model import MPTForCausalLM
 
@@ -482,42 +481,3 @@ def load_as_mpt(path: str | Path, overrides: dict | None = None, attn_overrides:
     hf_model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=False)
     overrides.pop("init_device", None)
     return from_transformers(hf_model, **overrides, attn_config=attn_overrides)
-
-
-def load_model(path: str | Path, device: str = "cpu"):
-    """(model, tokenizer) from one of our checkpoints or a Hugging Face folder (local or s3://), in eval mode."""
-    if str(path).startswith("s3://"):
-        from llmfoundry.train.checkpoint import stage_model_path
-
-        path = stage_model_path(str(path), "model")
-    path = Path(path)
-    if (path / "config.json").is_file():
-        from transformers import AutoModelForCausalLM
-
-        from llmfoundry.data.tokenizers import load_saved_tokenizer
-
-        if _read_config(path).get("model_type") == MPTConfig.model_type:
-            model = MPTForCausalLM.from_pretrained(path)
-        else:
-            model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=False)
-        tokenizer = load_saved_tokenizer(path)
-        return model.to(device).eval(), tokenizer
-    try:
-        from llmfoundry.train.checkpoint import load_model_for_inference
-    except ImportError as error:
-        raise ConfigError(f"{path}: not a Hugging Face folder, and llmfoundry checkpoints are not supported yet "
-                          f"({error})") from error  # fmt: skip
-    return load_model_for_inference(path, device=device)
-
-
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="llmfoundry convert", description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoint", help="a checkpoint folder of ours or a Hugging Face folder")
-    parser.add_argument("out_dir", help="where to write the transformers-native folder")
-    parser.add_argument("--dtype", choices=list(DTYPES), default="fp32")
-    args = parser.parse_args(argv)
-    model, tokenizer = load_model(args.checkpoint)
-    name = export_hf(model, tokenizer, args.out_dir, args.dtype)
-    print(f"wrote {name} ({args.dtype}) to {args.out_dir}; load it with "
-          f"transformers.AutoModelForCausalLM.from_pretrained('{args.out_dir}')")  # fmt: skip
-    return 0

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from llmfoundry.config.errors import ConfigError, did_you_mean, first_line
+from llmfoundry.core.errors import ConfigError, did_you_mean, first_line
 from llmfoundry.config.fields import option
 from llmfoundry.registry import models
 

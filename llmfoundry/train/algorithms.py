@@ -24,7 +24,7 @@ class GradientClipping:
 
     def __init__(self, settings: GradientClippingSettings):
         if settings.clipping_type == "adaptive":
-            from llmfoundry.config.errors import ConfigError
+            from llmfoundry.core.errors import ConfigError
 
             raise ConfigError("algorithms.gradient_clipping.clipping_type: 'adaptive' is not supported yet "
                               "(use norm or value)")

@@ -7,24 +7,28 @@ from typing import Any
 from torch import nn
 
 from llmfoundry import registry
-from llmfoundry.config.schema import Component, TrainConfig
+from llmfoundry.core.errors import ConfigError
+from llmfoundry.data import tokenizers
+from llmfoundry.models.interface import check_causal_lm
+from llmfoundry.train.recipe import Component, TrainConfig
 
 
 def build_tokenizer(cfg: TrainConfig):
-    from llmfoundry.data.tokenizers import build_tokenizer as build
-
     kwargs = dict(cfg.tokenizer.kwargs)
     kwargs.setdefault("model_max_length", cfg.max_seq_len)
-    return build(cfg.tokenizer.name, kwargs)
+    return tokenizers.build_tokenizer(cfg.tokenizer.name, kwargs)
 
 
 def build_model(cfg: TrainConfig, tokenizer) -> nn.Module:
-    return registry.models.get(cfg.model.name, key="model.name").builder(cfg.model.settings, tokenizer)
+    model = registry.models.get(cfg.model.name, key="model.name").builder(cfg.model.settings, tokenizer)
+    check_causal_lm(model, f"model.name: '{cfg.model.name}'")
+    return model
 
 
 def build_dataloader(section: Component, tokenizer, device_batch_size: int, key: str):
+    """The loader of ``section`` (the recipe's ``train_loader``, ``eval_loader``, ...); ``key`` names it in errors."""
     entry = registry.dataloaders.get(section.name, key=f"{key}.name")
-    return entry.builder(section.settings, tokenizer, device_batch_size)
+    return entry.builder(section.settings, tokenizer, device_batch_size, key=key)
 
 
 def build_optimizer(cfg: TrainConfig, model: nn.Module):
@@ -39,8 +43,6 @@ def build_schedule(cfg: TrainConfig, rates):
     try:
         return entry.builder(cfg.scheduler.settings, rates)
     except ValueError as error:
-        from llmfoundry.config.errors import ConfigError
-
         raise ConfigError(str(error)) from None
 
 

@@ -1,4 +1,4 @@
-"""Checkpoints: sharded torch.distributed.checkpoint (DCP) folders, written atomically, with a "latest" pointer.
+"""The checkpoint format: sharded torch.distributed.checkpoint (DCP) folders, written atomically, with "latest".
 
 Layout of a save_folder::
 
@@ -11,7 +11,8 @@ Layout of a save_folder::
       latest                the name of the newest complete checkpoint
 
 A checkpoint is written under a temporary name and renamed only when every rank has finished; ``latest`` is
-replaced (atomically) after that, so a crash mid-save never leaves a "latest" that is incomplete.
+replaced (atomically) after that, so a crash mid-save never leaves a "latest" that is incomplete. Where checkpoints
+go (local or an object store) and when is train.checkpointer's job.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import os
 import random
 import re
 import shutil
-import uuid
 import warnings
 from pathlib import Path
 from typing import Any
@@ -39,13 +39,13 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from llmfoundry.config.errors import ConfigError, first_line
-from llmfoundry.train import dist
+from llmfoundry.core.errors import ConfigError, first_line
+from llmfoundry.core import dist
 
 LATEST = "latest"
 CONFIG_FILE = "config.yaml"
 FULL_WEIGHTS = "model_full.pt"
-_NAME = re.compile(r"^ep(\d+)-ba(\d+)$")
+CHECKPOINT_NAME = re.compile(r"^ep(\d+)-ba(\d+)$")
 # DCP warns on every call when there is no process group; one process is a normal way to run.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
@@ -59,7 +59,7 @@ def list_checkpoints(folder: str | Path) -> list[Path]:
     folder = Path(folder)
     if not folder.is_dir():
         return []
-    found = [(int(m.group(2)), p) for p in folder.iterdir() if p.is_dir() and (m := _NAME.match(p.name))
+    found = [(int(m.group(2)), p) for p in folder.iterdir() if p.is_dir() and (m := CHECKPOINT_NAME.match(p.name))
              and (p / ".metadata").exists()]
     return [p for _, p in sorted(found)]
 
@@ -226,174 +226,3 @@ def read_checkpoint_config(path: str | Path) -> dict[str, Any]:
     if not config_file.is_file():
         raise ConfigError(f"checkpoint '{path}' has no {CONFIG_FILE}; it was not written by llmfoundry")
     return yaml.safe_load(config_file.read_text())
-
-
-def load_model_for_inference(path: str | Path, device: str | torch.device = "cpu"):
-    """(model, tokenizer) from one of our checkpoints, on ``device`` in eval mode."""
-    from llmfoundry.config.schema import TrainConfig, validate
-    from llmfoundry.data.tokenizers import load_saved_tokenizer
-    from llmfoundry.train.builders import build_model, build_tokenizer
-
-    path = resolve_checkpoint(path, key="checkpoint")
-    cfg = validate(read_checkpoint_config(path), TrainConfig)
-    tokenizer_dir = path / "tokenizer"
-    tokenizer = load_saved_tokenizer(tokenizer_dir) if tokenizer_dir.is_dir() else build_tokenizer(cfg)
-    model = build_model(cfg, tokenizer)
-    load_checkpoint(path, model=model, optimizer=None, weights_only=True)
-    return model.to(device).eval(), tokenizer
-
-
-class Checkpointer:
-    """Saves to a local or ``s3://`` save_folder and finds the checkpoint to resume from.
-
-    Local: :func:`save_checkpoint` with an atomic rename and ``latest``. S3: the checkpoint is written to a local
-    staging folder and uploaded by this rank's background :class:`~llmfoundry.train.remote.Uploader`; training
-    goes on meanwhile, and the checkpoint becomes ``latest`` only once every rank's files are up.
-    """
-
-    def __init__(self, save_folder: str | None, upload_cfg=None, *, keep: int = -1, overwrite: bool = False):
-        from llmfoundry.train import remote
-
-        self.save_folder = save_folder
-        self.keep = keep
-        self.overwrite = overwrite
-        self.upload_cfg = upload_cfg
-        self.remote = remote.is_remote(save_folder)
-        self.uploader: remote.Uploader | None = None
-        if self.remote:
-            self.staging = remote.staging_root(save_folder, upload_cfg.staging_folder if upload_cfg else None)
-            kwargs = {}
-            if upload_cfg is not None:
-                kwargs = dict(timeout_s=upload_cfg.timeout_s, initial_backoff_s=upload_cfg.initial_backoff_s,
-                              max_backoff_s=upload_cfg.max_backoff_s)
-            self.uploader = remote.Uploader(save_folder, dist.rank(), **kwargs)
-
-    def save(self, name: str, **kwargs) -> str:
-        """Write checkpoint ``name`` (collective); returns where it is (or will be, once uploaded)."""
-        from llmfoundry.train import remote
-
-        if not self.remote:
-            return str(save_checkpoint(self.save_folder, name, overwrite=self.overwrite, keep=self.keep, **kwargs))
-        staged = save_checkpoint(self.staging, name, overwrite=True, publish=False, **kwargs)
-        attempt = dist.broadcast_object(uuid.uuid4().hex[:12] if dist.rank() == 0 else None)
-        self.uploader.submit(remote.UploadJob(name, staged, dist.world_size(), self.keep, attempt))
-        return f"{self.save_folder.rstrip('/')}/{name}"
-
-    def check_can_write(self, resuming: bool) -> None:
-        """Fail up front, not at the first save in the middle of training, when save_folder would overwrite
-        another run's checkpoints or (s3://) cannot be reached."""
-        from llmfoundry.train import remote
-
-        if not self.save_folder:
-            return
-        problem = None
-        if dist.rank() == 0:
-            try:
-                if self.remote:
-                    existing = remote.RemoteFolder(self.save_folder).complete_checkpoints()
-                else:
-                    existing = [p.name for p in list_checkpoints(self.save_folder)]
-                if existing and not (self.overwrite or resuming):
-                    problem = (f"save_folder: '{self.save_folder}' already holds checkpoints ({existing[-1]}); set "
-                               "autoresume: true to continue, save_overwrite: true, or choose another save_folder")
-            except ConfigError as error:
-                problem = str(error)
-            except Exception as error:  # noqa: BLE001 - boto raises many types; all mean "cannot use this folder"
-                problem = str(remote.explain(error, self.save_folder, "save_folder"))
-        if (problem := dist.broadcast_object(problem)) is not None:
-            raise ConfigError(problem)
-
-    def metrics(self) -> dict[str, float]:
-        from llmfoundry.train import remote
-
-        return remote.describe(self.uploader)
-
-    def finish(self, timeout_s: float) -> bool:
-        """Wait for pending uploads (every rank); False if some did not finish or failed."""
-        if self.uploader is None:
-            return True
-        done = self.uploader.close(timeout_s)
-        return done and not self.uploader.failed
-
-    def latest(self) -> str | None:
-        """The newest complete checkpoint in save_folder as a local path (downloaded when remote), or None."""
-        if not self.save_folder:
-            return None
-        if not self.remote:
-            path = latest_checkpoint(self.save_folder)
-            return str(path) if path is not None else None
-        from llmfoundry.train import remote
-
-        found = None
-        if dist.rank() == 0:
-            try:
-                found = ("ok", remote.RemoteFolder(self.save_folder).latest())
-            except Exception as error:  # noqa: BLE001 - boto's errors: no such bucket, unreachable endpoint, ...
-                found = ("error", str(remote.explain(error, self.save_folder, "save_folder")))
-        status, name = dist.broadcast_object(found)
-        if status == "error":
-            raise ConfigError(name)
-        if name is None:
-            return None
-        return fetch(self.save_folder, name, self.staging)
-
-
-def fetch(url: str, name: str, staging: Path) -> str:
-    """Download checkpoint ``name`` of the s3:// save_folder ``url`` (one rank per node) and return its path."""
-    import os
-
-    from llmfoundry.train import remote
-
-    dest = Path(staging) / "downloads"
-    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
-        remote.RemoteFolder(url).download(name, dest)
-    dist.barrier()
-    return str(dest / name)
-
-
-def remote_staging(path: str, upload_cfg=None) -> Path:
-    from llmfoundry.train import remote
-
-    return remote.staging_root(path, upload_cfg.staging_folder if upload_cfg is not None else None)
-
-
-def resolve_load_path(path: str, staging: Path) -> str:
-    """A local checkpoint path for ``load_path`` (an s3:// checkpoint or save_folder is downloaded first)."""
-    from llmfoundry.train import remote
-
-    if not remote.is_remote(path):
-        return path
-    found: tuple[str, str] | str | None = None
-    if dist.rank() == 0:
-        try:
-            folder, name = remote.resolve_remote(path)
-            found = (folder.url, name)
-        except ConfigError as error:
-            found = str(error)
-        except Exception as error:  # noqa: BLE001 - boto's errors: no such bucket, unreachable endpoint, ...
-            found = str(remote.explain(error, path, "load_path"))
-    found = dist.broadcast_object(found)
-    if isinstance(found, str):
-        raise ConfigError(found)
-    return fetch(found[0], found[1], staging)
-
-
-def stage_model_path(path: str, key: str = "load_path") -> str:
-    """A local path for a model path: ``path`` itself unless it is ``s3://``, in which case one of our checkpoints
-    (or a save_folder's newest complete one), or a Hugging Face folder (recognised by its ``config.json``), is
-    downloaded into the staging folder and the local copy's path returned. Used by eval, generate, chat, convert."""
-    from llmfoundry.train import remote
-
-    if not remote.is_remote(path):
-        return path
-    staging = remote_staging(path)
-    try:
-        url = path.rstrip("/")
-        parent, _, last = url.rpartition("/")
-        if parent != "s3:/" and remote.RemoteFolder(url).exists("config.json"):  # a Hugging Face folder
-            return fetch(parent, last, staging)
-        return resolve_load_path(url, staging)
-    except ConfigError as error:  # resolve_load_path names load_path; say which key it really was
-        raise error.rekeyed("load_path", key) from None
-    except Exception as error:  # noqa: BLE001 - botocore: no credentials, no endpoint, access denied, ...
-        raise remote.explain(error, path, key) from None

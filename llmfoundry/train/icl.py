@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from llmfoundry.config.schema import TrainConfig
+from llmfoundry.train.recipe import TrainConfig
 
 
 class TrainingICL:
@@ -25,7 +25,7 @@ class TrainingICL:
     def from_config(cls, cfg: TrainConfig, tokenizer) -> "TrainingICL | None":
         if not cfg.icl_tasks:
             if cfg.eval_gauntlet is not None:
-                from llmfoundry.config.errors import ConfigError
+                from llmfoundry.core.errors import ConfigError
 
                 raise ConfigError("eval_gauntlet: needs icl_tasks (the gauntlet averages ICL task accuracies)")
             return None

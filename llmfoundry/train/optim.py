@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from llmfoundry.config.errors import ConfigError
+from llmfoundry.core.errors import ConfigError
 from llmfoundry.config.checks import Betas, NonNegativeFloat, PositiveFloat
 from llmfoundry.config.fields import option
 from llmfoundry.registry import optimizers

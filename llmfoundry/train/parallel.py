@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from llmfoundry.config.errors import ConfigError
+from llmfoundry.core.errors import ConfigError
 from llmfoundry.train.settings import CompileConfig, FSDPConfig
 
 log = logging.getLogger(__name__)

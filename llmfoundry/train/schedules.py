@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from llmfoundry.config.checks import NonNegativeFloat
 from llmfoundry.config.fields import option
 from llmfoundry.registry import schedulers
-from llmfoundry.train.timeunits import Rates
+from llmfoundry.core.timeunits import Rates
 
 Multiplier = Callable[[int], float]  # batch index -> lr multiplier
 

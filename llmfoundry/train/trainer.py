@@ -19,10 +19,11 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from llmfoundry import registry
-from llmfoundry.config.errors import ConfigError
-from llmfoundry.config.schema import TrainConfig, to_plain
+from llmfoundry.core.errors import ConfigError
+from llmfoundry.train.recipe import TrainConfig, to_plain
 from llmfoundry.data.text import check_token_ids
-from llmfoundry.train import checkpoint, dist, parallel, precision
+from llmfoundry.core import dist, precision
+from llmfoundry.train import checkpoint, checkpointer, parallel
 from llmfoundry.train.builders import (
     build_dataloader,
     build_model,
@@ -32,7 +33,7 @@ from llmfoundry.train.builders import (
     build_tokenizer,
 )
 from llmfoundry.train.icl import TrainingICL
-from llmfoundry.train.timeunits import Rates, Time
+from llmfoundry.core.timeunits import Rates, Time
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ class TrainingStopped(RuntimeError):
 class Trainer:
     def __init__(self, cfg: TrainConfig, config_plain: dict[str, Any] | None = None):
         self.cfg = cfg
-        from llmfoundry.train.secrets import mask_secrets
+        from llmfoundry.config.secrets import mask_secrets
 
         # What is logged and saved next to checkpoints: never with tokens, keys or passwords in it.
         self.config_plain = mask_secrets(config_plain if config_plain is not None else to_plain(cfg))
@@ -119,7 +120,7 @@ class Trainer:
         self.algorithms = build_named(registry.algorithms, cfg.algorithms)
         self.callbacks = build_named(registry.callbacks, cfg.callbacks)
         self.loggers = build_named(registry.loggers, cfg.loggers, self.run_name) if self.dist.is_main else []
-        self.checkpointer = checkpoint.Checkpointer(cfg.save_folder, cfg.checkpoint_upload,
+        self.checkpointer = checkpointer.Checkpointer(cfg.save_folder, cfg.checkpoint_upload,
                                                     keep=cfg.save_num_checkpoints_to_keep,
                                                     overwrite=cfg.save_overwrite)
         self.batch: dict[str, torch.Tensor] | None = None  # the device batch being trained on (for callbacks)
@@ -186,8 +187,8 @@ class Trainer:
             if latest is not None:
                 path, weights_only = latest, False
         if path is None and cfg.load_path:
-            staging = checkpoint.remote_staging(cfg.load_path, cfg.checkpoint_upload)
-            path = checkpoint.resolve_load_path(cfg.load_path, staging)
+            staging = checkpointer.remote_staging(cfg.load_path, cfg.checkpoint_upload)
+            path = checkpointer.resolve_load_path(cfg.load_path, staging)
         if path is None:
             return
         restored = checkpoint.load_checkpoint(path, model=self.model, optimizer=self.optimizer,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmfoundry.config.errors import ConfigError
+from llmfoundry.core.errors import ConfigError
 from llmfoundry.config.load import load_config
 
 RECIPE = """\
@@ -92,7 +92,7 @@ def test_values_out_of_range_are_all_reported_before_anything_is_built():
     """The quickstart recipe with several impossible values: one error listing each key, raised by validation."""
     from pathlib import Path
 
-    from llmfoundry.config.schema import TrainConfig, validate
+    from llmfoundry.train.recipe import TrainConfig, validate
 
     recipe = Path(__file__).resolve().parents[2] / "yamls" / "quickstart.yaml"
     overrides = ["optimizer.lr=-1", "optimizer.betas=[0.9,1.5]", "scheduler.alpha_f=-2", "max_seq_len=0",

@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from llmfoundry.config.errors import ConfigError
+from llmfoundry.core.errors import ConfigError
 from llmfoundry.data.finetuning import (
     IGNORE_INDEX,
     FinetuningDatasetSettings,

@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from llmfoundry.config.errors import ConfigError
+from llmfoundry.core.errors import ConfigError
 from llmfoundry.data.prep.common import tokens_dtype
 from llmfoundry.data.prep.text import main as text_main
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from llmfoundry.config.errors import ConfigError
+from llmfoundry.core.errors import ConfigError
 from llmfoundry.data.text import TextDatasetSettings, TextLoaderSettings, build_text_dataloader
 
 pytestmark = pytest.mark.s3

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from llmfoundry.config.errors import ConfigError
+from llmfoundry.core.errors import ConfigError
 from llmfoundry.data.text import TextDatasetSettings, TextLoaderSettings, build_text_dataloader, check_token_ids
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmfoundry.config.errors import ConfigError
+from llmfoundry.core.errors import ConfigError
 from llmfoundry.data.tokenizers import build_tokenizer
 
 ODD_TEXTS = ["  leading and   inner   spaces  ", "tab\tand\nnewline\n\nend", "Quick ＦＵＬＬ-width ① and ünïcödé",

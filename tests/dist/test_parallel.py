@@ -37,7 +37,7 @@ def test_fsdp_and_ddp_on_two_ranks_follow_the_same_loss_curve(dist_recipe, tmp_p
 
 @pytest.mark.s3
 def test_two_ranks_upload_their_shards_to_s3_before_the_checkpoint_is_complete(dist_recipe, s3_server, tmp_path):
-    from llmfoundry.train import remote
+    from llmfoundry.train import uploads
 
     url = "s3://llmfoundry-test/dist"
     base = dist_recipe()
@@ -50,7 +50,7 @@ def test_two_ranks_upload_their_shards_to_s3_before_the_checkpoint_is_complete(d
                         checkpoint_upload={"staging_folder": str(tmp_path / "staging")}), tmp_path, "s3")
     curve = losses(tmp_path / "s3.jsonl")
     assert sorted(curve) == [1, 2, 3, 4] and 0 < curve[4] < curve[1] < 10
-    folder = remote.RemoteFolder(url)
+    folder = uploads.RemoteCheckpoints(url)
     assert folder.complete_checkpoints() == ["ep0-ba2", "ep0-ba4"]
     assert folder.read_text("latest").strip() == "ep0-ba4"
     names = {k.rsplit("/", 1)[1] for k in folder.list_keys("ep0-ba4")}

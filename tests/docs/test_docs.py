@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from llmfoundry.config import docs
+from llmfoundry.commands import docs
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 def _schema_key_paths() -> set[str]:
     """Every key path the schema accepts, found by walking the dataclasses directly (independently of docs.py)."""
     from llmfoundry import registry
-    from llmfoundry.config.schema import TrainConfig
+    from llmfoundry.train.recipe import TrainConfig
     from llmfoundry.eval.config import EvalConfig, GauntletConfig, ICLTaskConfig
 
     paths: set[str] = set()
@@ -64,7 +64,7 @@ def test_config_reference_lists_every_key_the_schema_accepts():
     text = (REPO / "docs/config-reference.md").read_text()
     listed = set(re.findall(r"^\| `([^`]+)` \|", text, flags=re.M))
     missing = sorted(_schema_key_paths() - listed)
-    assert not missing, f"keys missing from docs/config-reference.md (run python -m llmfoundry.config.docs): {missing}"
+    assert not missing, f"keys missing from docs/config-reference.md (run python -m llmfoundry.commands.docs): {missing}"
 
 
 def test_every_key_has_a_doc():
@@ -73,10 +73,10 @@ def test_every_key_has_a_doc():
 
 def test_generated_docs_are_current():
     assert (REPO / "docs/config-reference.md").read_text() == docs.render_reference(), (
-        "docs/config-reference.md is stale: run python -m llmfoundry.config.docs"
+        "docs/config-reference.md is stale: run python -m llmfoundry.commands.docs"
     )
     migrating = (REPO / "docs/migrating-from-llm-foundry.md").read_text()
-    assert docs.render_unsupported_block() in migrating, "the not-supported list is stale: run python -m llmfoundry.config.docs"
+    assert docs.render_unsupported_block() in migrating, "the not-supported list is stale: run python -m llmfoundry.commands.docs"
     assert docs.main(["--check"]) == 0
 
 

@@ -7,7 +7,7 @@ import torch
 import yaml
 
 from llmfoundry.cli import main as cli_main
-from llmfoundry.config.errors import ConfigError
+from llmfoundry.core.errors import ConfigError
 from llmfoundry.eval.icl.scoring import generate_greedy
 from llmfoundry.eval.runner import ICLEvaluator
 

@@ -124,7 +124,7 @@ def test_an_average_whose_categories_are_all_missing_is_zero():
       "averages": None}, "random_baseline: must be at least 0 and below 1"),
 ])  # fmt: skip
 def test_bad_gauntlets_are_one_line_config_errors(change, message):
-    from llmfoundry.config.errors import ConfigError
+    from llmfoundry.core.errors import ConfigError
 
     with pytest.raises(ConfigError) as error:
         compute_gauntlet(METRICS, {**GAUNTLET, **change})

@@ -7,7 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from llmfoundry.eval.lm_eval_adapter import LLMFoundryLM
+from llmfoundry.inference.lm_eval_adapter import LLMFoundryLM
 
 
 class Req:
@@ -55,10 +55,10 @@ def test_generate_until_stops_at_the_stop_string(llama, tokenizer):
 
 
 def test_the_module_runs_lm_evals_command_line_with_our_model(tmp_path, tokenizer, llama):
-    """`python -m llmfoundry.eval.lm_eval_adapter run --model llmfoundry ...` (in-process: main(argv))."""
+    """`python -m llmfoundry.inference.lm_eval_adapter run --model llmfoundry ...` (in-process: main(argv))."""
     import json
 
-    from llmfoundry.eval.lm_eval_adapter import main
+    from llmfoundry.inference.lm_eval_adapter import main
 
     folder = tmp_path / "tiny"
     llama.save_pretrained(folder)

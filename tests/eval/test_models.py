@@ -10,9 +10,9 @@ import torch
 import yaml
 
 from llmfoundry.cli import main as cli_main
-from llmfoundry.config.errors import ConfigError
+from llmfoundry.core.errors import ConfigError
 from llmfoundry.eval.config import load_eval_config, load_gauntlet, load_icl_tasks
-from llmfoundry.eval.models import load_model
+from llmfoundry.loading import load_eval_model as load_model
 from llmfoundry.eval.runner import ICLEvaluator
 
 from .conftest import TINY_DATA

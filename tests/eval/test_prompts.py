@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from llmfoundry.config.errors import ConfigError
+from llmfoundry.core.errors import ConfigError
 from llmfoundry.eval.config import ICLTaskConfig
 from llmfoundry.eval.icl.data import read_records
 from llmfoundry.eval.icl.tasks import build_task, encode, fewshot_indices, needs_prefix_space

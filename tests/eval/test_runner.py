@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmfoundry.config.errors import ConfigError
+from llmfoundry.core.errors import ConfigError
 from llmfoundry.eval.config import load_icl_tasks
 from llmfoundry.eval.runner import ICLEvaluator
 

@@ -25,7 +25,7 @@ TASKS = [{"label": "mc", "dataset_uri": str(TINY_DATA / "tiny_arithmetic_mc.json
 
 
 def _train_config(tokenizer_dir) -> dict:
-    """The config.yaml of a tiny MPT run (what load_model_for_inference rebuilds the model from)."""
+    """The config.yaml of a tiny MPT run (what load_checkpoint_model rebuilds the model from)."""
     return {
         "max_seq_len": 64,
         "model": {"name": "mpt_causal_lm", "d_model": 32, "n_heads": 2, "n_layers": 2, "expansion_ratio": 4, "no_bias": True,
@@ -43,8 +43,8 @@ def _train_config(tokenizer_dir) -> dict:
 def s3_model(s3_server, tmp_path, tokenizer, tokenizer_dir, monkeypatch):
     """(run url, the checkpoint's model, its config): one checkpoint saved to s3:// by the trainer's Checkpointer."""
     from llmfoundry import registry
-    from llmfoundry.config.schema import TrainConfig, validate
-    from llmfoundry.train.checkpoint import Checkpointer
+    from llmfoundry.train.recipe import TrainConfig, validate
+    from llmfoundry.train.checkpointer import Checkpointer
     from llmfoundry.train.settings import CheckpointUploadConfig
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # downloads are staged under the temp folder
@@ -110,7 +110,7 @@ def test_a_missing_s3_model_is_a_one_line_error(s3_server, tmp_path, capsys):
 
 
 def test_lm_eval_adapter_loads_from_s3(s3_model):
-    from llmfoundry.eval.lm_eval_adapter import LLMFoundryLM
+    from llmfoundry.inference.lm_eval_adapter import LLMFoundryLM
 
     url, model, _ = s3_model
     lm = LLMFoundryLM.from_path(url)
@@ -119,7 +119,7 @@ def test_lm_eval_adapter_loads_from_s3(s3_model):
 
 
 def test_generate_and_convert_read_models_from_s3(s3_model, tmp_path, capsys):
-    from llmfoundry.models.convert import load_model
+    from llmfoundry.loading import load_model
 
     url, model, _ = s3_model
     loaded, _ = load_model(url)

@@ -148,7 +148,7 @@ def test_chat_rejects_bad_sampling_options():
 
 def test_chat_history_drops_oldest_turns_to_fit_the_context(chat_model_dir):
     from llmfoundry.inference.chat import ChatSession, parse_args
-    from llmfoundry.models.convert import load_model
+    from llmfoundry.loading import load_model
 
     model, tokenizer = load_model(chat_model_dir)
     args = parse_args([str(chat_model_dir), "--temperature", "0", "--max_new_tokens", "4"])

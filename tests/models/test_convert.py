@@ -5,7 +5,7 @@ import torch
 from transformers import AutoModelForCausalLM, GPT2LMHeadModel, LlamaForCausalLM, MptForCausalLM
 
 from llmfoundry.cli import main as cli
-from llmfoundry.config.errors import ConfigError
+from llmfoundry.core.errors import ConfigError
 from llmfoundry.inference.generate import generate_ids
 from llmfoundry.models.convert import export_hf, from_transformers, load_as_mpt, to_transformers
 from llmfoundry.models.mpt import MPTModelSettings

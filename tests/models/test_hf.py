@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from llmfoundry.config.errors import ConfigError
+from llmfoundry.core.errors import ConfigError
 from llmfoundry.models.convert import export_hf
 from llmfoundry.models.hf import HFModelSettings
 from llmfoundry.registry import models

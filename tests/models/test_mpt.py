@@ -3,7 +3,7 @@ import dataclasses
 import pytest
 import torch
 
-from llmfoundry.config.errors import ConfigError
+from llmfoundry.core.errors import ConfigError
 from llmfoundry.models.mpt import MPTConfig, MPTForCausalLM, MPTModelSettings
 from llmfoundry.registry import models
 from tests.models.helpers import tiny_config, tiny_model

@@ -76,7 +76,7 @@ def llama_hf_folder(tmp_path_factory, tokenizer):
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory, recipe_mds, tokenizer_dir) -> Path:
     """A save_folder holding one llmfoundry checkpoint of the tiny ALiBi MPT (what `load_path` recipes start from)."""
-    from llmfoundry.config.schema import TrainConfig, validate
+    from llmfoundry.train.recipe import TrainConfig, validate
     from llmfoundry.train.trainer import Trainer
 
     save_folder = tmp_path_factory.mktemp("tiny_run")

@@ -131,8 +131,8 @@ class _Lazy:
 
 def run_train_recipe(recipe: str, tmp_path: Path, fixtures: dict) -> dict:
     from llmfoundry.config.load import load_config, read_yaml
-    from llmfoundry.config.schema import TrainConfig, validate
-    from llmfoundry.train import dist
+    from llmfoundry.train.recipe import TrainConfig, validate
+    from llmfoundry.core import dist
     from llmfoundry.train.trainer import Trainer
 
     raw = load_config(recipe)  # as shipped: must validate before any override
@@ -184,7 +184,7 @@ def test_recipe_builds_and_runs_tiny(recipe, tmp_path, in_repo, fixtures):
     elif kind == "eval":
         from llmfoundry.config.load import load_config
         from llmfoundry.eval.config import load_eval_config
-        from llmfoundry.eval.main import run_eval
+        from llmfoundry.commands.eval import run_eval
 
         # values a user must give on the command line (`???`) get a stand-in; the models are replaced below anyway
         required = [k for k, v in (raw.get("variables") or {}).items() if v == "???"]

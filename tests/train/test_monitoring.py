@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from llmfoundry.config.schema import TrainConfig, validate
+from llmfoundry.train.recipe import TrainConfig, validate
 from llmfoundry.train.callbacks.base import Callback
 from llmfoundry.train.trainer import Trainer, TrainingStopped
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch import nn
 
-from llmfoundry.config.errors import ConfigError
-from llmfoundry.config.schema import TrainConfig, validate
+from llmfoundry.core.errors import ConfigError
+from llmfoundry.train.recipe import TrainConfig, validate
 from llmfoundry.train import optim, schedules
-from llmfoundry.train.timeunits import Rates
+from llmfoundry.core.timeunits import Rates
 from llmfoundry.train.trainer import Trainer, device_batch_size
 
 RATES = Rates(batches_per_epoch=10, samples_per_batch=8, tokens_per_batch=512, max_duration_batches=100)

@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from llmfoundry.cli import main as cli
-from llmfoundry.config.errors import ConfigError
-from llmfoundry.config.schema import TrainConfig, validate
-from llmfoundry.train.main import cuda_environment
+from llmfoundry.core.errors import ConfigError
+from llmfoundry.train.recipe import TrainConfig, validate
+from llmfoundry.commands.train import cuda_environment
 
 PLUGIN = '''
 from dataclasses import dataclass

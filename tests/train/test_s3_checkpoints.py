@@ -10,8 +10,8 @@ import boto3
 import pytest
 import torch
 
-from llmfoundry.config.schema import TrainConfig, validate
-from llmfoundry.train import remote
+from llmfoundry.train.recipe import TrainConfig, validate
+from llmfoundry.train import uploads
 from llmfoundry.train.callbacks.base import Callback
 from llmfoundry.train.trainer import Trainer
 
@@ -44,7 +44,7 @@ def test_s3_save_folder_keeps_the_newest_and_autoresumes_exactly(recipe, s3_serv
 
     make_trainer(recipe(eval_loader=None, max_duration="6ba", save_folder=url, save_interval="2ba",
                         save_num_checkpoints_to_keep=2, checkpoint_upload=upload)).fit()
-    folder = remote.RemoteFolder(url)
+    folder = uploads.RemoteCheckpoints(url)
     assert folder.complete_checkpoints() == ["ep0-ba4", "ep0-ba6"]
     assert folder.read_text("latest").strip() == "ep0-ba6"
     assert not keys("runs/a/ep0-ba2/")  # retention deleted it
@@ -110,7 +110,7 @@ def test_upload_survives_an_s3_outage_without_a_premature_latest(recipe, s3_serv
     # ... and fit() waited for the uploads, which completed once the server was back.
     assert ended >= outage.restarted_at
     assert trainer.checkpointer.uploader.retries > 0
-    folder = remote.RemoteFolder(url)
+    folder = uploads.RemoteCheckpoints(url)
     names = [f"ep0-ba{b}" for b in (2, 4, 6, 8, 10)]
     assert folder.complete_checkpoints() == names  # none lost
     assert folder.read_text("latest").strip() == "ep0-ba10"
@@ -127,7 +127,7 @@ def test_an_incomplete_s3_checkpoint_is_never_latest(recipe, s3_server, tmp_path
     s3 = boto3.client("s3", endpoint_url=s3_server)
     s3.put_object(Bucket=BUCKET, Key="runs/partial/ep0-ba4/.metadata", Body=b"x")
     s3.put_object(Bucket=BUCKET, Key="runs/partial/latest", Body=b"ep0-ba4\n")  # even a wrong pointer is checked
-    assert remote.RemoteFolder(url).latest() == "ep0-ba2"
+    assert uploads.RemoteCheckpoints(url).latest() == "ep0-ba2"
     trainer = make_trainer(recipe(eval_loader=None, max_duration="3ba", save_folder=url, autoresume=True,
                                   save_interval="3ba", checkpoint_upload={"staging_folder": str(tmp_path / "t")}))
     assert trainer.time.batch == 2
@@ -135,7 +135,7 @@ def test_an_incomplete_s3_checkpoint_is_never_latest(recipe, s3_server, tmp_path
 
 def test_an_s3_save_folder_that_cannot_be_used_is_a_one_line_error_before_training(recipe, s3_server,
                                                                                     monkeypatch):
-    from llmfoundry.config.errors import ConfigError
+    from llmfoundry.core.errors import ConfigError
 
     with pytest.raises(ConfigError) as error:
         make_trainer(recipe(eval_loader=None, save_folder="s3://no-such-bucket/run"))
@@ -165,9 +165,9 @@ def test_markers_left_by_a_killed_upload_do_not_complete_a_new_save_early(s3_ser
     staged.mkdir()
     (staged / ".metadata").write_bytes(b"m")
     (staged / "__0_0.distcp").write_bytes(b"rank 0's shard")
-    uploader = remote.Uploader(url, rank=0, timeout_s=3, initial_backoff_s=0.1, max_backoff_s=0.2)
-    uploader.submit(remote.UploadJob("ep0-ba2", staged, world_size=2, keep=-1, attempt="fedcba987654"))
+    uploader = uploads.Uploader(url, rank=0, timeout_s=3, initial_backoff_s=0.1, max_backoff_s=0.2)
+    uploader.submit(uploads.UploadJob("ep0-ba2", staged, world_size=2, keep=-1, attempt="fedcba987654"))
     assert uploader.close(timeout_s=30)
     assert uploader.failed == ["ep0-ba2"]  # rank 1 never uploaded in this attempt: not complete
     assert "runs/killed/ep0-ba2/.complete" not in keys("runs/killed/")
-    assert remote.RemoteFolder(url).latest() is None
+    assert uploads.RemoteCheckpoints(url).latest() is None

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from llmfoundry.config.schema import TrainConfig, validate
+from llmfoundry.train.recipe import TrainConfig, validate
 from llmfoundry.train.trainer import Trainer
 
 pytestmark = pytest.mark.s3

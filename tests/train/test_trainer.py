@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from llmfoundry.config.errors import ConfigError
-from llmfoundry.config.schema import TrainConfig, validate
+from llmfoundry.core.errors import ConfigError
+from llmfoundry.train.recipe import TrainConfig, validate
 from llmfoundry.train.trainer import Trainer
 
 

@@ -26,7 +26,7 @@ def main(argv: list[str]) -> int:
             print(f"  {name:<11} {help_}")
         return 0 if argv else 2
     if argv[0] not in SUBCOMMANDS:
-        from llmfoundry.config.errors import ConfigError, did_you_mean
+        from llmfoundry.core.errors import ConfigError, did_you_mean
 
         raise ConfigError(f"unknown data command '{argv[0]}'{did_you_mean(argv[0], SUBCOMMANDS)}; "
                           f"valid: {', '.join(SUBCOMMANDS)}")

@@ -1,4 +1,4 @@
-"""What every converter shares: object-store paths, the token dtype, tokenizing in parallel, concatenated MDS.
+"""What every converter shares: the token dtype, tokenizing in parallel, concatenated MDS.
 
 A pretraining MDS dataset holds one column, ``tokens``: fixed-length arrays of ``concat_tokens`` token ids in the
 smallest unsigned integer dtype that holds every id of the tokenizer (``uint16`` for vocabularies up to 65,536).
@@ -21,99 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from llmfoundry.config.errors import ConfigError
+from llmfoundry.core.errors import ConfigError
 
 TOKENS_COLUMN = "tokens"
-
-
-# ----------------------------------------------------------------------------------------------- paths and storage
-def is_remote(path: str) -> bool:
-    return "://" in str(path)
-
-
-def split_s3(url: str) -> tuple[str, str]:
-    """``s3://bucket/a/b`` -> (``bucket``, ``a/b``)."""
-    if not url.startswith("s3://"):
-        raise ConfigError(f"{url}: only local folders and s3:// URLs are supported as remote paths")
-    bucket, _, key = url[len("s3://") :].partition("/")
-    return bucket, key.strip("/")
-
-
-def s3_client():
-    """A boto3 S3 client for AWS or any S3-compatible store (endpoint from ``S3_ENDPOINT_URL``)."""
-    import boto3
-
-    return boto3.session.Session().client("s3", endpoint_url=os.environ.get("S3_ENDPOINT_URL") or None)
-
-
-def join(root: str, *parts: str) -> str:
-    if is_remote(root):
-        return "/".join([root.rstrip("/")] + [p.strip("/") for p in parts])
-    return os.path.join(root, *parts)
-
-
-def read_bytes(path: str) -> bytes | None:
-    """A file's bytes, local or s3://; None when it does not exist."""
-    if is_remote(path):
-        bucket, key = split_s3(path)
-        client = s3_client()
-        try:
-            return client.get_object(Bucket=bucket, Key=key)["Body"].read()
-        except client.exceptions.NoSuchKey:
-            return None
-        except Exception as error:  # botocore ClientError 404 on some stores
-            if "404" in str(error) or "NoSuchKey" in str(error):
-                return None
-            raise
-    if not os.path.isfile(path):
-        return None
-    with open(path, "rb") as f:
-        return f.read()
-
-
-def write_bytes(path: str, data: bytes) -> None:
-    """Write a file, local (atomically, by rename) or s3://."""
-    if is_remote(path):
-        bucket, key = split_s3(path)
-        s3_client().put_object(Bucket=bucket, Key=key, Body=data)
-        return
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
-
-
-def list_files(root: str, suffixes: tuple[str, ...]) -> list[str]:
-    """Files under ``root`` (recursively, sorted) whose names end with one of ``suffixes``; local or s3://."""
-    if is_remote(root):
-        bucket, prefix = split_s3(root)
-        paginator = s3_client().get_paginator("list_objects_v2")
-        found = []
-        for page in paginator.paginate(Bucket=bucket, Prefix=f"{prefix}/" if prefix else ""):
-            for item in page.get("Contents", []):
-                if item["Key"].endswith(suffixes):
-                    found.append(f"s3://{bucket}/{item['Key']}")
-        return sorted(found)
-    found = []
-    for folder, _, names in os.walk(root):
-        found += [os.path.join(folder, n) for n in names if n.endswith(suffixes)]
-    return sorted(found)
-
-
-def remove_tree(root: str) -> None:
-    if is_remote(root):
-        bucket, prefix = split_s3(root)
-        client = s3_client()
-        paginator = client.get_paginator("list_objects_v2")
-        for page in paginator.paginate(Bucket=bucket, Prefix=f"{prefix}/" if prefix else ""):
-            keys = [{"Key": item["Key"]} for item in page.get("Contents", [])]
-            if keys:
-                client.delete_objects(Bucket=bucket, Delete={"Objects": keys})
-        return
-    import shutil
-
-    shutil.rmtree(root, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------------------------- tokens

@@ -12,7 +12,8 @@ import os
 
 import numpy as np
 
-from llmfoundry.config.errors import ConfigError
+from llmfoundry.core import objectstore
+from llmfoundry.core.errors import ConfigError
 from llmfoundry.data.prep import common
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
                           "--target_responses last")
     if args.skip_preprocessing and args.preprocessor:
         raise ConfigError("--skip-preprocessing: set it or --preprocessor, not both")
-    if args.local is not None and not common.is_remote(args.out_root):
+    if args.local is not None and not objectstore.is_remote(args.out_root):
         raise ConfigError(f"--local: keeps a local copy of a remote --out_root (s3://...); '{args.out_root}' is local")
     if args.num_workers is not None and args.num_workers < 1:
         raise ConfigError(f"--num_workers: expected >= 1, got {args.num_workers}")
@@ -83,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         log.info("tokenizing split '%s' of %s in %d process(es)", split, name, workers)
         dataset = FinetuningDataset(tokenizer, settings, f"--dataset ({split})", num_workers=workers)
-        out = common.join(args.out_root, split)
+        out = objectstore.join(args.out_root, split)
         common.check_output_empty(out)
         columns = {"input_ids": f"ndarray:{signed}", "labels": f"ndarray:{signed}"}
         bar = common.Progress(split, total=len(dataset), unit="example")

@@ -16,7 +16,8 @@ import logging
 import os
 from collections.abc import Iterator
 
-from llmfoundry.config.errors import ConfigError
+from llmfoundry.core import objectstore
+from llmfoundry.core.errors import ConfigError
 from llmfoundry.data.prep import common
 from llmfoundry.data.prep.common import ConcatSpec
 
@@ -25,9 +26,9 @@ log = logging.getLogger(__name__)
 
 
 def json_files(path: str) -> list[str]:
-    if path.endswith(JSON_SUFFIXES) and common.read_bytes(path) is not None:
+    if path.endswith(JSON_SUFFIXES) and objectstore.read_bytes(path) is not None:
         return [path]
-    files = common.list_files(path, JSON_SUFFIXES)
+    files = objectstore.list_files(path, JSON_SUFFIXES)
     if not files:
         raise ConfigError(f"--path: no .json or .jsonl files at '{path}'")
     return files
@@ -35,7 +36,7 @@ def json_files(path: str) -> list[str]:
 
 def iter_records(path: str) -> Iterator[tuple[str, dict]]:
     """(where, record) for every record of a JSON/JSONL file; ``where`` is 'file:line' for error messages."""
-    data = common.read_bytes(path)
+    data = objectstore.read_bytes(path)
     if data is None:
         raise ConfigError(f"{path}: file does not exist")
     text = data.decode("utf-8", errors="strict")
@@ -171,7 +172,7 @@ def main_json(argv: list[str] | None = None) -> int:
     _add_common(parser)
     args = parser.parse_args(argv)
     tokenizer, spec, compression, processes = _prepare(args)
-    out = common.join(args.out_root, args.split) if args.split else args.out_root
+    out = objectstore.join(args.out_root, args.split) if args.split else args.out_root
     common.check_output_empty(out)
     _write(iter_json_texts(args.path, args.text_field), tokenizer, out, spec, compression, processes, f"{args.split}",
            args)
@@ -229,7 +230,7 @@ def load_hf_split(dataset: str, subset: str | None, split: str, kwargs: dict | N
     kwargs = dict(kwargs or {})
     files = _data_file_list(kwargs.get("data_files"))
     for file in files:
-        if common.is_remote(file) or any(c in file for c in "*?["):
+        if objectstore.is_remote(file) or any(c in file for c in "*?["):
             continue
         if not os.path.isfile(file):
             raise ConfigError(f"{files_key}: '{file}' does not exist")
@@ -249,7 +250,7 @@ def _load_error(dataset, subset, split, files, error, dataset_key, split_key, fi
     first = " ".join(str(error).split())[:200] or type(error).__name__
     if files and dataset in ("json", "jsonl"):
         for file in files:  # datasets' parse errors name neither file nor line: find the first bad record
-            if not common.is_remote(file) and not any(c in file for c in "*?["):
+            if not objectstore.is_remote(file) and not any(c in file for c in "*?["):
                 if sum(1 for _ in iter_records(file)) == 0:  # reads every line: a bad one raises with file:line
                     return ConfigError(f"{files_key}: '{file}' holds no records; remove it or add data")
     is_path = os.path.exists(dataset) or dataset in ("json", "jsonl", "csv", "text", "parquet", "arrow")
@@ -294,7 +295,7 @@ def main_hf(argv: list[str] | None = None) -> int:
                     raise ConfigError(f"{args.dataset}[{split}][{i}]: field '{args.text_field}' must be a string")
                 yield value
 
-        out = common.join(args.out_root, split)
+        out = objectstore.join(args.out_root, split)
         common.check_output_empty(out)
         _write(texts(), tokenizer, out, spec, compression, processes, split, args, total=len(data))
     return 0

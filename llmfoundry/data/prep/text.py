@@ -16,7 +16,8 @@ import logging
 import time
 from dataclasses import asdict
 
-from llmfoundry.config.errors import ConfigError
+from llmfoundry.core import objectstore
+from llmfoundry.core.errors import ConfigError
 from llmfoundry.data.prep import common
 from llmfoundry.data.prep.common import ConcatSpec
 
@@ -45,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _read_text(path: str) -> str:
-    data = common.read_bytes(path)
+    data = objectstore.read_bytes(path)
     if data is None:
         raise ConfigError(f"--input_folder: file '{path}' disappeared while converting")
     try:
@@ -63,7 +64,7 @@ def _convert_group(job: dict) -> dict:
 
     tokenizer = build_tokenizer(job["tokenizer"], job["tokenizer_kwargs"], cli=True)
     spec = ConcatSpec(**job["spec"])
-    common.remove_tree(job["out"])  # a part left half-written by an interrupted run
+    objectstore.remove_tree(job["out"])  # a part left half-written by an interrupted run
     stats = common.write_concatenated(
         (_read_text(p) for p in job["files"]),
         tokenizer,
@@ -85,7 +86,7 @@ def merge_group_indexes(output: str, parts: list[str]) -> int:
     """Write ``output/index.json`` listing the shards of every part folder; returns the number of samples."""
     shards = []
     for part in parts:
-        raw = common.read_bytes(common.join(output, part, "index.json"))
+        raw = objectstore.read_bytes(objectstore.join(output, part, "index.json"))
         if raw is None:
             raise ConfigError(f"{output}/{part}: index.json is missing; rerun with --reprocess")
         for shard in json.loads(raw)["shards"]:
@@ -93,7 +94,7 @@ def merge_group_indexes(output: str, parts: list[str]) -> int:
                 if shard.get(key):
                     shard[key]["basename"] = f"{part}/{shard[key]['basename']}"
             shards.append(shard)
-    common.write_bytes(common.join(output, "index.json"), json.dumps({"version": 2, "shards": shards}).encode())
+    objectstore.write_bytes(objectstore.join(output, "index.json"), json.dumps({"version": 2, "shards": shards}).encode())
     return sum(s["samples"] for s in shards)
 
 
@@ -111,11 +112,11 @@ def convert(args) -> dict:
     processes = args.processes or common.default_processes()
     output = args.output_folder.rstrip("/")
     key = _settings_key(args, spec, {k: v for k, v in tokenizer_kwargs.items() if k != "trust_remote_code"})
-    progress_path = common.join(output, PROGRESS_FILE)
+    progress_path = objectstore.join(output, PROGRESS_FILE)
 
     if args.reprocess:
-        common.remove_tree(output)
-    saved = common.read_bytes(progress_path)
+        objectstore.remove_tree(output)
+    saved = objectstore.read_bytes(progress_path)
     progress = json.loads(saved) if saved else None
     if progress is not None and progress.get("settings") != key:
         raise ConfigError(
@@ -123,9 +124,9 @@ def convert(args) -> dict:
             "text or compression); pass --reprocess to start over or choose another folder"
         )
     if progress is None:
-        if common.read_bytes(common.join(output, "index.json")) is not None:
+        if objectstore.read_bytes(objectstore.join(output, "index.json")) is not None:
             raise ConfigError(f"--output_folder: '{output}' already holds an MDS dataset; pass --reprocess to redo it")
-        files = common.list_files(args.input_folder, (".txt",))
+        files = objectstore.list_files(args.input_folder, (".txt",))
         if not files:
             raise ConfigError(f"--input_folder: no .txt files in '{args.input_folder}'")
         per_group = args.files_per_group or max(1, -(-len(files) // (processes * 4)))
@@ -133,7 +134,7 @@ def convert(args) -> dict:
         log.info("found %d .txt files in %s: %d groups of up to %d files", len(files), args.input_folder, len(groups),
                  per_group)
         progress = {"settings": key, "groups": groups, "done": {}}
-        common.write_bytes(progress_path, json.dumps(progress).encode())
+        objectstore.write_bytes(progress_path, json.dumps(progress).encode())
 
     groups = progress["groups"]
     parts = [f"part-{i:05d}" for i in range(len(groups))]
@@ -142,7 +143,7 @@ def convert(args) -> dict:
         {
             "group": i,
             "files": groups[i],
-            "out": common.join(output, parts[i]),
+            "out": objectstore.join(output, parts[i]),
             "tokenizer": args.tokenizer,
             "tokenizer_kwargs": tokenizer_kwargs,
             "spec": asdict(spec),
@@ -159,7 +160,7 @@ def convert(args) -> dict:
         progress["done"][str(result["group"])] = {k: result[k] for k in ("documents", "tokens", "samples")}
         log.debug("group %d done: %d documents, %d tokens, %d samples", result["group"], result["documents"],
                   result["tokens"], result["samples"])
-        common.write_bytes(progress_path, json.dumps(progress).encode())
+        objectstore.write_bytes(progress_path, json.dumps(progress).encode())
         bar.update(len(groups[result["group"]]))
 
     try:

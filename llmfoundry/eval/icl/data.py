@@ -8,8 +8,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from llmfoundry.config.errors import ConfigError, first_line
-from llmfoundry.data.prep.common import s3_client
+from llmfoundry.core import objectstore
+from llmfoundry.core.errors import ConfigError, first_line
 
 
 def _read_jsonl(path: Path, key: str) -> list[dict[str, Any]]:
@@ -28,34 +28,15 @@ def _read_jsonl(path: Path, key: str) -> list[dict[str, Any]]:
     return records
 
 
-def _s3_problem(error: BaseException) -> str:
-    """A short description of a boto3 failure (missing object or bucket, no credentials, no endpoint, ...)."""
-    code = str(getattr(error, "response", {}).get("Error", {}).get("Code", ""))
-    if code in ("404", "NoSuchKey", "NotFound"):
-        return "not found"
-    if code == "NoSuchBucket":
-        return "no such bucket"
-    if code in ("403", "AccessDenied"):
-        return "access denied"
-    return f"{type(error).__name__}: {first_line(error)}"
-
-
-def _split_s3(uri: str, key: str) -> tuple[str, str]:
-    bucket, _, obj = uri[len("s3://") :].partition("/")
-    if not bucket or not obj:
-        raise ConfigError(f"{key}: '{uri}' is not of the form s3://bucket/key")
-    return bucket, obj
-
-
-def _download_s3(uri: str, key: str) -> Path:
-    bucket, obj = _split_s3(uri, key)
+def _download(uri: str, key: str) -> Path:
+    objectstore.split_url(uri, key)  # an unsupported store is a one-line error
     fd, tmp = tempfile.mkstemp(suffix=".jsonl")
     os.close(fd)
     try:
-        s3_client().download_file(bucket, obj, tmp)
+        objectstore.download_file(uri, tmp)
     except Exception as error:  # noqa: BLE001 - botocore raises ClientError, NoCredentialsError, EndpointConnectionError...
         Path(tmp).unlink(missing_ok=True)
-        raise ConfigError(f"{key}: cannot download task file '{uri}' ({_s3_problem(error)})") from None
+        raise ConfigError(f"{key}: cannot download task file '{uri}' ({objectstore.problem(error)})") from None
     return Path(tmp)
 
 
@@ -93,14 +74,14 @@ def check_task_files(tasks) -> None:
         uri, key = task.dataset_uri, f"icl_tasks.{task.label}.dataset_uri"
         if uri.startswith("hf://"):
             continue
-        if uri.startswith("s3://"):
+        if objectstore.is_remote(uri):
             try:
-                bucket, obj = _split_s3(uri, key)
-                s3_client().head_object(Bucket=bucket, Key=obj)
+                bucket, obj = objectstore.split_url(uri, key)
+                objectstore.client().head_object(Bucket=bucket, Key=obj)
             except ConfigError as error:
                 problems.append(str(error))
             except Exception as error:  # noqa: BLE001
-                problems.append(f"{key}: cannot find task file '{uri}' ({_s3_problem(error)})")
+                problems.append(f"{key}: cannot find task file '{uri}' ({objectstore.problem(error)})")
         elif not Path(uri).is_file():
             problems.append(f"{key}: task file '{uri}' does not exist{_LOCAL_HINT}")
     if problems:
@@ -126,8 +107,8 @@ def read_records(
     """The records of a task file, in file order."""
     if uri.startswith("hf://"):
         records = _load_hf(uri, hf_loading_vars or {}, hf_parsing_map or {}, key)
-    elif uri.startswith("s3://"):
-        path = _download_s3(uri, key)
+    elif objectstore.is_remote(uri):
+        path = _download(uri, key)
         try:
             records = _read_jsonl(path, key)
         finally:

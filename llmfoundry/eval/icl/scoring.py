@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from llmfoundry.config.errors import ConfigError
+from llmfoundry.core.errors import ConfigError
 from llmfoundry.eval.icl.metrics import SequenceScore
 from llmfoundry.eval.icl.tasks import Sequence
 

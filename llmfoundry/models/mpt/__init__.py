@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from llmfoundry.config.errors import ConfigError
+from llmfoundry.core.errors import ConfigError
 from llmfoundry.models.mpt.config import MPTArch, MPTConfig, MPTModelSettings, to_dict
 from llmfoundry.models.mpt.model import MPTForCausalLM
 from llmfoundry.registry import models

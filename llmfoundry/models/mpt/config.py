@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from transformers import PretrainedConfig
 
-from llmfoundry.config.errors import ConfigError, did_you_mean
+from llmfoundry.core.errors import ConfigError, did_you_mean
 from llmfoundry.config.fields import option
 
 NormType = Literal["layernorm", "low_precision_layernorm", "rmsnorm", "low_precision_rmsnorm"]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from llmfoundry.config.errors import ConfigError
+from llmfoundry.core.errors import ConfigError
 from llmfoundry.config.fields import option
 from llmfoundry.registry import callbacks
 from llmfoundry.train.callbacks.base import Callback
@@ -64,7 +64,7 @@ class HFCheckpointer(Callback):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         from llmfoundry.models.convert import export_hf
-        from llmfoundry.train import dist
+        from llmfoundry.core import dist
         from llmfoundry.train.builders import build_model
 
         self.last = trainer.time.batch

@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 from llmfoundry.config.load import load_config
-from llmfoundry.config.schema import TrainConfig, validate
+from llmfoundry.train.recipe import TrainConfig, validate
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -64,7 +64,7 @@ def main(argv: list[str]) -> int:
     cfg, plain = load_train_config(args.recipe, args.overrides)  # bad input fails here, once, with exit code 2
     if args.nproc is not None and "LOCAL_RANK" not in os.environ:
         if args.nproc < 1:
-            from llmfoundry.config.errors import ConfigError
+            from llmfoundry.core.errors import ConfigError
 
             raise ConfigError(f"-n: {args.nproc} processes (use 1 or more)")
         if args.nproc > 1:
@@ -75,7 +75,7 @@ def main(argv: list[str]) -> int:
     os.environ.update(cuda_environment(cfg, dict(os.environ)))
     if cfg.python_log_level:
         logging.basicConfig(level=cfg.python_log_level.upper(), format="%(asctime)s %(name)s: %(message)s")
-    from llmfoundry.train import dist
+    from llmfoundry.core import dist
     from llmfoundry.train.trainer import Trainer, TrainingStopped
 
     try:

@@ -4,7 +4,7 @@ The recipe has llm-foundry's eval shape (``models`` list, ``icl_tasks``, ``eval_
 ``device_eval_batch_size``, ``precision``, ...; see llmfoundry.eval.config.EvalConfig). Each model is a Hugging
 Face folder (``load_path`` or ``model.pretrained_model_name_or_path``) or one of our training checkpoints
 (``load_path``), local or ``s3://``; a ``model`` section is validated and built as in training (see
-llmfoundry.eval.models). Prints a markdown table per model and the gauntlet table, writes ``results_path`` (JSON),
+llmfoundry.loading). Prints a markdown table per model and the gauntlet table, writes ``results_path`` (JSON),
 logs to the recipe's ``loggers`` and, with ``plot_path``, draws a bar chart (gauntlet scores, or task accuracies
 without a gauntlet). Under torchrun the examples are split across ranks.
 """
@@ -29,7 +29,7 @@ from llmfoundry.eval.gauntlet import (
     tasks_table,
 )
 from llmfoundry.eval.icl.data import check_task_files
-from llmfoundry.eval.models import load_model
+from llmfoundry.loading import load_eval_model
 from llmfoundry.eval.runner import ICLEvaluator
 
 log = logging.getLogger("llmfoundry.eval")
@@ -54,7 +54,7 @@ def build_loggers(cfg: EvalConfig, run_name: str) -> list:
 
 def run_eval(cfg: EvalConfig) -> dict[str, dict[str, Any]]:
     """Evaluate every model; returns ``{model_name: {"metrics": ..., "gauntlet": ...}}`` (printed on rank 0)."""
-    from llmfoundry.train.dist import init_distributed
+    from llmfoundry.core.dist import init_distributed
 
     check_task_files(cfg.icl_tasks)  # a missing task file shows before any model is loaded
     info = init_distributed(cfg.dist_timeout)
@@ -81,7 +81,7 @@ def run_eval(cfg: EvalConfig) -> dict[str, dict[str, Any]]:
 def _evaluate_models(cfg: EvalConfig, info, results: dict, printed: list[str], loggers: list) -> None:
     for step, spec in enumerate(cfg.models):
         start = time.perf_counter()
-        model, tokenizer = load_model(spec, info.device, max_seq_len=cfg.max_seq_len, precision=cfg.precision)
+        model, tokenizer = load_eval_model(spec, info.device, max_seq_len=cfg.max_seq_len, precision=cfg.precision)
         evaluator = ICLEvaluator(
             cfg.icl_tasks,
             tokenizer,

@@ -15,7 +15,8 @@ from llmfoundry.config.fields import option
 from llmfoundry.config.validate import Check, Component, Registered, RegisteredMap, to_plain, validate
 from llmfoundry.eval.config import GauntletConfig, ICLTaskConfig
 from llmfoundry.train.settings import CheckpointUploadConfig, CompileConfig, FSDPConfig
-from llmfoundry.train.timeunits import check_time
+from llmfoundry.core.timeunits import check_time
+from llmfoundry.data.prep.quickstart import PrepareDataConfig
 
 __all__ = ["TrainConfig", "TokenizerConfig", "PrepareDataConfig", "validate", "to_plain", "Component"]
 
@@ -26,20 +27,6 @@ TimeString = Annotated[str | int, Check(check_time)]
 class TokenizerConfig:
     name: str = option(doc="Hugging Face tokenizer folder or hub id, a SentencePiece .model file, or 'tiktoken'")
     kwargs: dict[str, Any] = option(default_factory=dict, doc="passed to the tokenizer (e.g. model_max_length)")
-
-
-@dataclass(kw_only=True)
-class PrepareDataConfig:
-    """Data that `llmfoundry train` builds before training when it is missing (used by yamls/quickstart.yaml)."""
-
-    corpus: Literal["python_stdlib"] = option(
-        "python_stdlib", "text to train on: python_stdlib = the source files of this Python's standard library"
-    )
-    folder: str = option(doc="where the tokenizer (folder/tokenizer) and MDS shards (folder/train, folder/val) go")
-    vocab_size: int = option(4096, "vocabulary size of the byte-level BPE tokenizer trained on the corpus")
-    max_files: int = option(400, "at most this many source files are used (sorted by path; deterministic)")
-    val_files: int = option(20, "files held out for the validation split")
-    concat_tokens: int = option(256, "tokens per MDS sample")
 
 
 @dataclass(kw_only=True)

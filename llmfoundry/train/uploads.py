@@ -13,151 +13,42 @@ rank 0 also the metadata, config and tokenizer). A failed request is retried wit
 upload's deadline, so training continues while the store is unreachable. A checkpoint without ``.complete`` is
 never loaded and never named by ``latest``. The per-rank markers sit under an id of the save attempt, so the
 markers a killed run left behind cannot make a later save of the same checkpoint name look finished early.
+The store itself (client, retries, listing) is llmfoundry.core.objectstore.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import re
 import shutil
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from llmfoundry.config.errors import ConfigError, first_line
+from llmfoundry.core import objectstore
+from llmfoundry.core.errors import ConfigError
+from llmfoundry.train.checkpoint import CHECKPOINT_NAME, LATEST
 
 log = logging.getLogger(__name__)
 
 COMPLETE = ".complete"
 UPLOADED = ".uploaded"
-LATEST = "latest"
-_NAME = re.compile(r"^ep(\d+)-ba(\d+)$")
-T = TypeVar("T")
 
 
-def is_remote(path: str | os.PathLike | None) -> bool:
-    return isinstance(path, str) and path.startswith("s3://")
-
-
-def split_url(url: str) -> tuple[str, str]:
-    """``s3://bucket/a/b/`` -> (``bucket``, ``a/b``)."""
-    if not is_remote(url):
-        raise ConfigError(f"save_folder: '{url}' is not an s3:// URL")
-    bucket, _, key = url[len("s3://"):].partition("/")
-    if not bucket:
-        raise ConfigError(f"save_folder: '{url}' has no bucket (use s3://bucket/path)")
-    return bucket, key.strip("/")
-
-
-def _join(*parts: str) -> str:
-    return "/".join(p.strip("/") for p in parts if p.strip("/"))
-
-
-def client():
-    """An S3 client (endpoint from S3_ENDPOINT_URL for S3-compatible stores); retries are ours, not botocore's."""
-    import boto3
-    from botocore.config import Config
-
-    config = Config(retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=5, read_timeout=60)
-    endpoint = os.environ.get("S3_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3") or None
-    return boto3.session.Session().client("s3", endpoint_url=endpoint, config=config)
-
-
-def _error_code(error: Exception) -> str:
-    return str(getattr(error, "response", {}).get("Error", {}).get("Code", ""))
-
-
-def _is_missing(error: Exception) -> bool:
-    return _error_code(error) in ("404", "NoSuchKey", "NotFound", "NoSuchBucket")
-
-
-def explain(error: Exception, url: str, key: str) -> ConfigError:
-    """A one-line ConfigError for an object-store error met while setting up (not while uploading)."""
-    code = _error_code(error)
-    bucket = split_url(url)[0]
-    endpoint = os.environ.get("S3_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3") or "AWS S3"
-    if code == "NoSuchBucket":
-        return ConfigError(f"{key}: bucket '{bucket}' does not exist at {endpoint} (create it, or check the name "
-                           "and S3_ENDPOINT_URL)")
-    if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
-        return ConfigError(f"{key}: access to '{url}' was refused ({code}); check AWS_ACCESS_KEY_ID / "
-                           "AWS_SECRET_ACCESS_KEY and the bucket's permissions")
-    return ConfigError(f"{key}: cannot reach '{url}' at {endpoint} ({first_line(error)}); check S3_ENDPOINT_URL and the "
-                       "network")
-
-
-@dataclass
-class Retry:
-    """Exponential backoff until a deadline: ``Retry(...).call(fn)`` returns fn()'s result or raises the last error."""
-
-    deadline: float  # time.monotonic() value
-    initial_s: float = 0.5
-    max_s: float = 8.0
-    on_retry: Callable[[Exception, float], None] | None = None
-
-    def call(self, fn: Callable[[], T]) -> T:
-        wait = self.initial_s
-        while True:
-            try:
-                return fn()
-            except Exception as error:  # noqa: BLE001 - network errors come in many types
-                if _is_missing(error) or time.monotonic() + wait > self.deadline:
-                    raise
-                if self.on_retry is not None:
-                    self.on_retry(error, wait)
-                time.sleep(wait)
-                wait = min(self.max_s, wait * 2)
-
-
-# ----------------------------------------------------------------------------------------------- reading
-class RemoteFolder:
-    """A save_folder in S3: list complete checkpoints, find the latest, download one."""
-
-    def __init__(self, url: str):
-        self.url = url.rstrip("/")
-        self.bucket, self.prefix = split_url(url)
-        self.s3 = client()
-
-    def key(self, *parts: str) -> str:
-        return _join(self.prefix, *parts)
-
-    def exists(self, *parts: str) -> bool:
-        try:
-            self.s3.head_object(Bucket=self.bucket, Key=self.key(*parts))
-            return True
-        except Exception as error:  # noqa: BLE001
-            if _is_missing(error):
-                return False
-            raise
-
-    def read_text(self, *parts: str) -> str | None:
-        try:
-            return self.s3.get_object(Bucket=self.bucket, Key=self.key(*parts))["Body"].read().decode()
-        except Exception as error:  # noqa: BLE001
-            if _is_missing(error):
-                return None
-            raise
-
-    def list_keys(self, *parts: str) -> list[str]:
-        prefix = self.key(*parts)
-        prefix = prefix + "/" if prefix else ""
-        keys = []
-        for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
-            keys += [item["Key"] for item in page.get("Contents", [])]
-        return keys
+class RemoteCheckpoints(objectstore.ObjectFolder):
+    """A save_folder in an object store: list complete checkpoints, find the latest, download or delete one."""
 
     def complete_checkpoints(self) -> list[str]:
         """Names of complete checkpoints, oldest first."""
         found = []
+        base = self.key()
         for key in self.list_keys():
-            rest = key[len(self.key()) + 1:] if self.prefix else key
+            rest = key[len(base) + 1:] if base else key
             parts = rest.split("/")
-            if len(parts) == 2 and parts[1] == COMPLETE and (m := _NAME.match(parts[0])):
+            if len(parts) == 2 and parts[1] == COMPLETE and (m := CHECKPOINT_NAME.match(parts[0])):
                 found.append((int(m.group(2)), parts[0]))
         return [name for _, name in sorted(found)]
 
@@ -169,39 +60,27 @@ class RemoteFolder:
         complete = self.complete_checkpoints()
         return complete[-1] if complete else None
 
-    def download(self, name: str, dest: Path) -> Path:
-        """Copy checkpoint ``name`` into a fresh ``dest/name``; returns that folder."""
-        target = dest / name
-        shutil.rmtree(target, ignore_errors=True)
-        for key in self.list_keys(name):
-            rel = key[len(self.key(name)) + 1:]
-            if rel == COMPLETE or rel.startswith(UPLOADED + "/"):
-                continue
-            path = target / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            self.s3.download_file(self.bucket, key, str(tmp))
-            os.replace(tmp, path)
-        return target
+    def download_checkpoint(self, name: str, dest: Path) -> Path:
+        """Copy checkpoint ``name`` (without its upload markers) into a fresh ``dest/name``."""
+        return self.download(name, dest, skip=lambda rel: rel == COMPLETE or rel.startswith(UPLOADED + "/"))
 
-    def delete(self, name: str) -> None:
+    def delete_checkpoint(self, name: str) -> None:
         keys = self.list_keys(name)
         # The marker goes first, so a half-deleted checkpoint is never taken for a complete one.
         keys.sort(key=lambda k: not k.endswith("/" + COMPLETE))
-        for key in keys:
-            self.s3.delete_object(Bucket=self.bucket, Key=key)
+        self.delete(keys)
 
 
-def resolve_remote(url: str, key: str = "load_path") -> tuple[RemoteFolder, str]:
-    """(folder, checkpoint name) for an s3:// checkpoint or save_folder (whose newest complete one is used)."""
+def resolve_remote(url: str, key: str = "load_path") -> tuple[RemoteCheckpoints, str]:
+    """(folder, checkpoint name) for a remote checkpoint or save_folder (whose newest complete one is used)."""
     url = url.rstrip("/")
     parent, _, last = url.rpartition("/")
-    if _NAME.match(last) and parent != "s3:/":
-        folder = RemoteFolder(parent)
+    if CHECKPOINT_NAME.match(last) and not parent.endswith(":/"):
+        folder = RemoteCheckpoints(parent, key)
         if folder.exists(last, COMPLETE):
             return folder, last
         raise ConfigError(f"{key}: '{url}' is not a complete checkpoint (no {COMPLETE} marker)")
-    folder = RemoteFolder(url)
+    folder = RemoteCheckpoints(url, key)
     name = folder.latest()
     if name is None:
         raise ConfigError(f"{key}: '{url}' holds no complete checkpoint")
@@ -243,7 +122,7 @@ class Uploader:
         self.timeout_s = timeout_s
         self.initial_backoff_s = initial_backoff_s
         self.max_backoff_s = max_backoff_s
-        self.folder = RemoteFolder(url)
+        self.folder = RemoteCheckpoints(url)
         self.jobs: queue.Queue[UploadJob | None] = queue.Queue()
         self.completed: list[str] = []  # checkpoints this rank finished uploading (rank 0: marked complete)
         self.failed: list[str] = []
@@ -287,12 +166,12 @@ class Uploader:
             finally:
                 self.jobs.task_done()
 
-    def _retry(self, deadline: float) -> Retry:
+    def _retry(self, deadline: float) -> objectstore.Retry:
         def on_retry(error: Exception, wait: float) -> None:
             self.retries += 1
             log.warning("checkpoint upload to %s: %s; retrying in %.1f s", self.url, type(error).__name__, wait)
 
-        return Retry(deadline, self.initial_backoff_s, self.max_backoff_s, on_retry)
+        return objectstore.Retry(deadline, self.initial_backoff_s, self.max_backoff_s, on_retry)
 
     def _upload(self, job: UploadJob) -> None:
         deadline = time.monotonic() + self.timeout_s
@@ -325,19 +204,8 @@ class Uploader:
         retry.call(lambda: s3.put_object(Bucket=bucket, Key=self.folder.key(LATEST), Body=(job.name + "\n").encode()))
         if job.keep > 0:
             for old in retry.call(self.folder.complete_checkpoints)[:-job.keep]:
-                retry.call(lambda old=old: self.folder.delete(old))
+                retry.call(lambda old=old: self.folder.delete_checkpoint(old))
         shutil.rmtree(job.staged, ignore_errors=True)
-
-
-def staging_root(url: str, configured: str | None) -> Path:
-    """The local folder where checkpoints for ``url`` are staged before upload."""
-    if configured:
-        return Path(configured)
-    import hashlib
-    import tempfile
-
-    digest = hashlib.sha1(url.encode()).hexdigest()[:12]
-    return Path(tempfile.gettempdir()) / "llmfoundry-staging" / digest
 
 
 def describe(uploader: Uploader | None) -> dict[str, Any]:

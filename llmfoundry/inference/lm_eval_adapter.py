@@ -1,6 +1,6 @@
 """lm-evaluation-harness adapter: score our checkpoints (or any causal LM module) with lm-eval, in-process.
 
-    from llmfoundry.eval.lm_eval_adapter import LLMFoundryLM
+    from llmfoundry.inference.lm_eval_adapter import LLMFoundryLM
     import lm_eval
     lm = LLMFoundryLM.from_path("runs/ckpt")                  # our checkpoint or a Hugging Face folder (or s3://)
     lm_eval.simple_evaluate(model=lm, tasks=["arc_easy"])
@@ -9,7 +9,7 @@ or from the command line, with lm-eval's own arguments (this module registers ``
 runs lm-eval's command line; the plain ``lm_eval``/``lm-eval`` command cannot, as nothing registers the model
 there)::
 
-    python -m llmfoundry.eval.lm_eval_adapter run --model llmfoundry --model_args path=FOLDER --tasks arc_easy
+    python -m llmfoundry.inference.lm_eval_adapter run --model llmfoundry --model_args path=FOLDER --tasks arc_easy
 
 ``--model_args`` takes ``path`` (required) and ``device``, ``batch_size``, ``max_length``, ``add_bos_token``.
 In-process, ``register()`` makes ``simple_evaluate(model="llmfoundry", model_args={"path": ...})`` work. Needs
@@ -32,6 +32,7 @@ try:
 except ImportError as error:  # pragma: no cover - exercised only without the extra
     raise ImportError("the lm-eval adapter needs lm-evaluation-harness: pip install 'llmfoundry[eval]'") from error
 
+from llmfoundry.loading import load_model
 from llmfoundry.eval.icl.scoring import generate_greedy, run_scoring, supports_kv_cache, supports_packed
 from llmfoundry.eval.icl.tasks import Sequence
 
@@ -54,23 +55,7 @@ class LLMFoundryLM(LM):
     def from_path(cls, path: str, **kwargs: Any) -> "LLMFoundryLM":
         """Our checkpoint (a checkpoint folder or a save_folder) or a Hugging Face folder, local or ``s3://``
         (downloaded first, as ``llmfoundry eval`` does)."""
-        from pathlib import Path
-
-        from llmfoundry.train.checkpoint import stage_model_path
-
-        path = stage_model_path(path, "path")
-        device = kwargs.get("device", "cpu")
-        if (Path(path) / "config.json").is_file():
-            from transformers import AutoModelForCausalLM
-
-            from llmfoundry.data.tokenizers import load_saved_tokenizer
-
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
-            tokenizer = load_saved_tokenizer(path)
-        else:
-            from llmfoundry.train.checkpoint import load_model_for_inference
-
-            model, tokenizer = load_model_for_inference(path, device=device)
+        model, tokenizer = load_model(path, kwargs.get("device", "cpu"), dtype=torch.float32, key="path")
         return cls(model, tokenizer, **kwargs)
 
     @classmethod
@@ -188,7 +173,7 @@ def register() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m llmfoundry.eval.lm_eval_adapter [lm-eval arguments]``: lm-eval's command line, with
+    """``python -m llmfoundry.inference.lm_eval_adapter [lm-eval arguments]``: lm-eval's command line, with
     ``--model llmfoundry`` registered first."""
     import sys
 

@@ -1,0 +1,290 @@
+"""Object storage: the one module that talks to ``s3://`` stores (AWS S3, R2, MinIO, any S3-compatible endpoint).
+
+Everything that reads or writes a URL goes through here: checkpoints (train.checkpointer / train.uploads), data
+preparation (data.prep), ICL task files (eval.icl.data) and model folders (loading). It gives
+
+* URL handling: :func:`is_remote` (any ``scheme://`` URL, never a local folder), :func:`split_url`, :func:`join`;
+  a URL of a store we do not support (``gs://``, ``oci://``, Azure, ``hf://``, ``dbfs:``) is a one-line error;
+* :func:`client`: a boto3 S3 client with connect/read timeouts; the endpoint comes from ``S3_ENDPOINT_URL`` (or
+  ``AWS_ENDPOINT_URL_S3``), credentials from boto3's usual chain;
+* :class:`Retry` (exponential backoff until a deadline) for callers that must survive an outage;
+* :class:`ObjectFolder` (exists, read, list, download a prefix) and whole-file helpers for local-or-remote paths;
+* :func:`staging_root`: the local folder where files for a URL are staged;
+* :func:`explain`: one error explainer that turns boto's errors into a one-line ConfigError naming the key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from llmfoundry.core.errors import ConfigError, first_line
+
+T = TypeVar("T")
+S3 = "s3://"
+# Stores that llm-foundry (through Composer) reads; named in the error so that a recipe using one fails clearly.
+OTHER_STORES = ("gs://", "oci://", "az://", "azure://", "abfs://", "abfss://", "wasb://", "wasbs://", "hf://",
+                "dbfs:", "uc://")  # fmt: skip
+_MISSING = {"404", "nosuchkey", "notfound", "nosuchbucket", "nosuchentity"}
+
+
+# ----------------------------------------------------------------------------------------------- URLs
+def is_remote(path: str | os.PathLike | None) -> bool:
+    """Whether ``path`` names an object-store URL (``scheme://...`` or ``dbfs:``) rather than a local path."""
+    if not isinstance(path, str):
+        return False
+    return "://" in path or path.startswith("dbfs:")
+
+
+def check_url(url: str, key: str = "path") -> None:
+    """Raise a one-line ConfigError unless ``url`` is an ``s3://bucket[/prefix]`` URL."""
+    if url.startswith(S3):
+        if not url[len(S3):].partition("/")[0]:
+            raise ConfigError(f"{key}: '{url}' has no bucket (use s3://bucket/path)")
+        return
+    scheme = url.split("://", 1)[0] + "://" if "://" in url else url.split(":", 1)[0] + ":"
+    raise ConfigError(f"{key}: '{url}': {scheme} object stores are not supported; use a local path or an s3:// URL "
+                      "(any S3-compatible store works through S3_ENDPOINT_URL)")
+
+
+def split_url(url: str, key: str = "path") -> tuple[str, str]:
+    """``s3://bucket/a/b/`` -> (``bucket``, ``a/b``)."""
+    check_url(url, key)
+    bucket, _, prefix = url[len(S3):].partition("/")
+    return bucket, prefix.strip("/")
+
+
+def join(root: str, *parts: str) -> str:
+    """``root`` and ``parts`` joined with ``/`` for a URL, with the OS separator for a local path."""
+    if is_remote(root):
+        return "/".join([root.rstrip("/")] + [p.strip("/") for p in parts if p.strip("/")])
+    return os.path.join(root, *parts)
+
+
+def _join_key(*parts: str) -> str:
+    return "/".join(p.strip("/") for p in parts if p.strip("/"))
+
+
+# ----------------------------------------------------------------------------------------------- client and errors
+def endpoint() -> str | None:
+    return os.environ.get("S3_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3") or None
+
+
+def client(max_attempts: int = 3, connect_timeout_s: float = 5.0, read_timeout_s: float = 60.0):
+    """An S3 client for AWS or any S3-compatible store. ``max_attempts=1`` leaves retrying to the caller (see
+    :class:`Retry`), as the checkpoint uploads do."""
+    import boto3  # an optional extra of its own ("s3"); imported on first use
+    from botocore.config import Config
+
+    config = Config(retries={"max_attempts": max_attempts, "mode": "standard"}, connect_timeout=connect_timeout_s,
+                    read_timeout=read_timeout_s)
+    return boto3.session.Session().client("s3", endpoint_url=endpoint(), config=config)
+
+
+def error_code(error: BaseException) -> str:
+    return str(getattr(error, "response", {}).get("Error", {}).get("Code", ""))
+
+
+def is_missing(error: BaseException) -> bool:
+    """Whether an error from the store means "no such object or bucket" (botocore codes, any case, or a 404)."""
+    if isinstance(error, FileNotFoundError):
+        return True
+    if error_code(error).lower() in _MISSING:
+        return True
+    text = str(error).lower()
+    return any(marker in text for marker in ("not found", "nosuchbucket", "nosuchkey", "404"))
+
+
+def problem(error: BaseException) -> str:
+    """A short description of a store failure: not found, no such bucket, access denied, or the error itself."""
+    code = error_code(error)
+    if code == "NoSuchBucket":
+        return "no such bucket"
+    if code in ("403", "AccessDenied"):
+        return "access denied"
+    if is_missing(error):
+        return "not found"
+    return f"{type(error).__name__}: {first_line(error)}"
+
+
+def explain(error: BaseException, url: str, key: str) -> ConfigError:
+    """A one-line ConfigError for an object-store error met while setting up (not while uploading)."""
+    code = error_code(error)
+    bucket = url[len(S3):].partition("/")[0] if url.startswith(S3) else url
+    where = endpoint() or "AWS S3"
+    if code == "NoSuchBucket":
+        return ConfigError(f"{key}: bucket '{bucket}' does not exist at {where} (create it, or check the name "
+                           "and S3_ENDPOINT_URL)")
+    if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+        return ConfigError(f"{key}: access to '{url}' was refused ({code}); check AWS_ACCESS_KEY_ID / "
+                           "AWS_SECRET_ACCESS_KEY and the bucket's permissions")
+    return ConfigError(f"{key}: cannot reach '{url}' at {where} ({first_line(error)}); check S3_ENDPOINT_URL and "
+                       "the network")
+
+
+@dataclass
+class Retry:
+    """Exponential backoff until a deadline: ``Retry(...).call(fn)`` returns fn()'s result or raises the last error.
+    A "missing" answer is final and raised at once."""
+
+    deadline: float  # time.monotonic() value
+    initial_s: float = 0.5
+    max_s: float = 8.0
+    on_retry: Callable[[Exception, float], None] | None = None
+
+    def call(self, fn: Callable[[], T]) -> T:
+        wait = self.initial_s
+        while True:
+            try:
+                return fn()
+            except Exception as error:  # noqa: BLE001 - network errors come in many types
+                if is_missing(error) or time.monotonic() + wait > self.deadline:
+                    raise
+                if self.on_retry is not None:
+                    self.on_retry(error, wait)
+                time.sleep(wait)
+                wait = min(self.max_s, wait * 2)
+
+
+# ----------------------------------------------------------------------------------------------- folders
+class ObjectFolder:
+    """The objects under one ``s3://bucket/prefix``: exists, read, list, download."""
+
+    def __init__(self, url: str, key: str = "path", *, max_attempts: int = 1):
+        self.url = url.rstrip("/")
+        self.bucket, self.prefix = split_url(url, key)
+        self.s3 = client(max_attempts=max_attempts)
+
+    def key(self, *parts: str) -> str:
+        return _join_key(self.prefix, *parts)
+
+    def exists(self, *parts: str) -> bool:
+        try:
+            self.s3.head_object(Bucket=self.bucket, Key=self.key(*parts))
+            return True
+        except Exception as error:  # noqa: BLE001
+            if is_missing(error):
+                return False
+            raise
+
+    def read_bytes(self, *parts: str) -> bytes | None:
+        try:
+            return self.s3.get_object(Bucket=self.bucket, Key=self.key(*parts))["Body"].read()
+        except Exception as error:  # noqa: BLE001
+            if is_missing(error):
+                return None
+            raise
+
+    def read_text(self, *parts: str) -> str | None:
+        data = self.read_bytes(*parts)
+        return None if data is None else data.decode()
+
+    def list_keys(self, *parts: str) -> list[str]:
+        """Full keys of every object under ``prefix/parts/``."""
+        prefix = self.key(*parts)
+        prefix = prefix + "/" if prefix else ""
+        keys = []
+        for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
+            keys += [item["Key"] for item in page.get("Contents", [])]
+        return keys
+
+    def download(self, name: str, dest: Path, skip: Callable[[str], bool] = lambda rel: False) -> Path:
+        """Copy the objects under ``name`` into a fresh ``dest/name`` (each file written atomically); ``skip``
+        leaves out relative paths. Returns that folder."""
+        target = Path(dest) / name
+        shutil.rmtree(target, ignore_errors=True)
+        base = self.key(name)
+        for key in self.list_keys(name):
+            rel = key[len(base) + 1:] if base else key
+            if skip(rel):
+                continue
+            path = target / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            self.s3.download_file(self.bucket, key, str(tmp))
+            os.replace(tmp, path)
+        return target
+
+    def delete(self, keys: list[str]) -> None:
+        for key in keys:
+            self.s3.delete_object(Bucket=self.bucket, Key=key)
+
+
+# ----------------------------------------------------------------------------------------------- whole files
+def read_bytes(path: str) -> bytes | None:
+    """A file's bytes, local or in an object store; None when it does not exist."""
+    if is_remote(path):
+        bucket, key = split_url(path)
+        s3 = client()
+        try:
+            return s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+        except Exception as error:  # noqa: BLE001 - botocore ClientError: 404 / NoSuchKey on different stores
+            if is_missing(error):
+                return None
+            raise
+    if not os.path.isfile(path):
+        return None
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def write_bytes(path: str, data: bytes) -> None:
+    """Write a file, local (atomically, by rename) or in an object store."""
+    if is_remote(path):
+        bucket, key = split_url(path)
+        client().put_object(Bucket=bucket, Key=key, Body=data)
+        return
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def download_file(url: str, dest: str | Path) -> None:
+    """Copy one object to the local file ``dest`` (atomically)."""
+    bucket, key = split_url(url)
+    tmp = f"{dest}.tmp{os.getpid()}"
+    client().download_file(bucket, key, tmp)
+    os.replace(tmp, dest)
+
+
+def list_files(root: str, suffixes: tuple[str, ...]) -> list[str]:
+    """Files under ``root`` (recursively, sorted) whose names end with one of ``suffixes``; local or remote."""
+    if is_remote(root):
+        folder = ObjectFolder(root, max_attempts=3)
+        return sorted(f"{S3}{folder.bucket}/{k}" for k in folder.list_keys() if k.endswith(suffixes))
+    found = []
+    for folder, _, names in os.walk(root):
+        found += [os.path.join(folder, n) for n in names if n.endswith(suffixes)]
+    return sorted(found)
+
+
+def remove_tree(root: str) -> None:
+    """Delete a local folder or every object under a URL's prefix."""
+    if not is_remote(root):
+        shutil.rmtree(root, ignore_errors=True)
+        return
+    folder = ObjectFolder(root, max_attempts=3)
+    keys = folder.list_keys()
+    for start in range(0, len(keys), 1000):  # delete_objects takes at most 1000 keys
+        batch = [{"Key": k} for k in keys[start:start + 1000]]
+        folder.s3.delete_objects(Bucket=folder.bucket, Delete={"Objects": batch})
+
+
+# ----------------------------------------------------------------------------------------------- staging
+def staging_root(url: str, configured: str | None = None) -> Path:
+    """The local folder where files for ``url`` are staged (uploads) or cached (downloads): ``configured`` when
+    given, else a folder under the system temp dir named by a hash of the URL. ``LLMFOUNDRY_STAGING_DIR`` moves
+    the default root (tests give each test its own)."""
+    if configured:
+        return Path(configured)
+    root = os.environ.get("LLMFOUNDRY_STAGING_DIR") or str(Path(tempfile.gettempdir()) / "llmfoundry-staging")
+    return Path(root) / hashlib.sha1(url.encode()).hexdigest()[:12]

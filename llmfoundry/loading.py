@@ -1,0 +1,124 @@
+"""The one way from a path to ``(model, tokenizer)``, shared by eval, convert, generate, chat and the lm-eval adapter.
+
+A model path is one of
+
+* one of our training checkpoints: a checkpoint folder (``ep0-ba100/``) or a save_folder (its ``latest`` is used);
+  the checkpoint's own ``config.yaml`` rebuilds the model through the trainer's builders and its ``tokenizer/``
+  folder is the tokenizer;
+* a Hugging Face folder (recognised by its ``config.json``): our own MPT folders and any transformers model;
+
+and may be local or in an object store (``s3://...``), in which case it is downloaded into the trainer's staging
+folder first (``train.checkpointer.stage_model_path``). ``load_eval_model`` builds one entry of an eval recipe's ``models`` list,
+whose ``model`` section is validated and built exactly as a training recipe's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM
+
+import llmfoundry.models  # noqa: F401  (lets the Auto classes open our own MPT folders)
+from llmfoundry import registry
+from llmfoundry.core import objectstore
+from llmfoundry.core.errors import ConfigError
+from llmfoundry.data.tokenizers import build_tokenizer, load_saved_tokenizer
+from llmfoundry.eval.models import HF, model_settings
+from llmfoundry.train.builders import build_model, build_tokenizer as build_recipe_tokenizer
+from llmfoundry.train.checkpoint import load_checkpoint, read_checkpoint_config, resolve_checkpoint
+from llmfoundry.train.checkpointer import stage_model_path
+from llmfoundry.train.recipe import TrainConfig, validate
+
+
+def is_hf_folder(path: str | Path) -> bool:
+    return (Path(path) / "config.json").is_file()
+
+
+def load_checkpoint_model(path: str | Path, device: str | torch.device = "cpu"):
+    """(model, tokenizer) from one of our checkpoints, rebuilt from its config.yaml, on ``device`` in eval mode."""
+    path = resolve_checkpoint(path, key="checkpoint")
+    cfg = validate(read_checkpoint_config(path), TrainConfig)
+    tokenizer_dir = path / "tokenizer"
+    tokenizer = load_saved_tokenizer(tokenizer_dir) if tokenizer_dir.is_dir() else build_recipe_tokenizer(cfg)
+    model = build_model(cfg, tokenizer)
+    load_checkpoint(path, model=model, optimizer=None, weights_only=True)
+    return model.to(device).eval(), tokenizer
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu", *, dtype: torch.dtype | None = None,
+               key: str = "model"):
+    """(model, tokenizer) from one of our checkpoints or a Hugging Face folder (local or ``s3://``), in eval mode.
+
+    ``dtype``: the weights' dtype for a Hugging Face folder (default: transformers' choice); a checkpoint of ours
+    comes back in the dtype its recipe trains in."""
+    path = Path(stage_model_path(str(path), key))
+    if not is_hf_folder(path):
+        return load_checkpoint_model(path, device)
+    # Our own MPT folders open through the Auto classes too (llmfoundry.models registers them).
+    kwargs: dict[str, Any] = {"trust_remote_code": False}
+    if dtype is not None:
+        kwargs["dtype"] = dtype
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    return model.to(device).eval(), load_saved_tokenizer(path)
+
+
+# ----------------------------------------------------------------------------------------------- eval recipes
+def _eval_tokenizer(spec, key: str, default: str | None, max_seq_len: int | None):
+    """The entry's tokenizer section, else the tokenizer in folder ``default``, built like the trainer's."""
+    section = spec.tokenizer
+    name = section.name if section is not None and section.name else default
+    if name is None:
+        raise ConfigError(f"{key}.tokenizer.name: give the tokenizer (a folder or hub id)")
+    kwargs = dict(section.kwargs) if section is not None else {}
+    if max_seq_len is not None:
+        kwargs.setdefault("model_max_length", max_seq_len)
+    try:
+        return build_tokenizer(name, kwargs)
+    except ConfigError as error:
+        raise error.rekeyed("tokenizer", f"{key}.tokenizer") from None
+
+
+def _build(name: str, settings: Any, tokenizer, key: str) -> torch.nn.Module:
+    entry = registry.models.get(name, key=f"{key}.model.name")
+    try:
+        return entry.builder(settings, tokenizer)
+    except ConfigError as error:
+        raise error.rekeyed("model", f"{key}.model") from None
+
+
+def load_eval_model(spec, device: torch.device | str = "cpu", *, max_seq_len: int | None = None,
+                    precision: str = "fp32", key: str | None = None):
+    """``(model, tokenizer)`` for one entry of an eval recipe's ``models``, on ``device``, in eval mode; weights in
+    fp32 (bf16 for ``precision: bf16``). A transformers model comes back unwrapped (no hf_causal_lm wrapper).
+
+    ``load_path`` alone: a checkpoint of ours rebuilds its own model; a Hugging Face folder is the
+    ``pretrained_model_name_or_path`` of an ``hf_causal_lm`` section. ``load_path`` and ``model`` together: a
+    checkpoint's weights go into the model the section builds (llm-foundry's ``load_path``)."""
+    key = key or f"models.{spec.model_name}"
+    local = stage_model_path(spec.load_path, f"{key}.load_path") if spec.load_path else None
+    if local is not None and not is_hf_folder(local):  # one of our training checkpoints
+        if not spec.model:
+            model, tokenizer = load_checkpoint_model(local, device="cpu")
+            if spec.tokenizer is not None and spec.tokenizer.name:
+                tokenizer = _eval_tokenizer(spec, key, None, max_seq_len)
+        else:
+            folder = resolve_checkpoint(local, key=f"{key}.load_path")
+            own = folder / "tokenizer"
+            tokenizer = _eval_tokenizer(spec, key, str(own) if own.is_dir() else None, max_seq_len)
+            name, settings = model_settings(spec, key)
+            model = _build(name, settings, tokenizer, key)
+            load_checkpoint(folder, model=model, optimizer=None, weights_only=True)
+    else:
+        name, settings = model_settings(spec, key, pretrained_path=local)
+        source = getattr(settings, "pretrained_model_name_or_path", None)
+        if objectstore.is_remote(source):
+            settings.pretrained_model_name_or_path = source = stage_model_path(
+                source, f"{key}.model.pretrained_model_name_or_path")
+        default = source if isinstance(source, str) and (name == HF or is_hf_folder(source)) else None
+        tokenizer = _eval_tokenizer(spec, key, default, max_seq_len)
+        model = _build(name, settings, tokenizer, key)
+    model = getattr(model, "hf_model", model)  # call the transformers model itself (KV cache, generate)
+    model = model.to(torch.bfloat16 if precision == "bf16" else torch.float32)
+    return model.to(device).eval(), tokenizer

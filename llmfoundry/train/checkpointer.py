@@ -1,0 +1,153 @@
+"""Where checkpoints go and where a run resumes from: a local folder or an object store (``s3://``).
+
+:class:`Checkpointer` saves through the checkpoint format (train.checkpoint): straight into a local save_folder,
+or into a local staging folder whose files this rank's background uploader (train.uploads) sends to the store.
+It also finds the newest complete checkpoint to resume from and downloads a remote ``load_path``.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+from llmfoundry.core import dist, objectstore
+from llmfoundry.core.errors import ConfigError
+from llmfoundry.train import uploads
+from llmfoundry.train.checkpoint import latest_checkpoint, list_checkpoints, save_checkpoint
+
+
+class Checkpointer:
+    """Saves to a local or ``s3://`` save_folder and finds the checkpoint to resume from.
+
+    Local: :func:`save_checkpoint` with an atomic rename and ``latest``. S3: the checkpoint is written to a local
+    staging folder and uploaded by this rank's background :class:`~llmfoundry.train.uploads.Uploader`; training
+    goes on meanwhile, and the checkpoint becomes ``latest`` only once every rank's files are up.
+    """
+
+    def __init__(self, save_folder: str | None, upload_cfg=None, *, keep: int = -1, overwrite: bool = False):
+        self.save_folder = save_folder
+        self.keep = keep
+        self.overwrite = overwrite
+        self.upload_cfg = upload_cfg
+        self.remote = objectstore.is_remote(save_folder)
+        self.uploader: uploads.Uploader | None = None
+        if self.remote:
+            self.staging = objectstore.staging_root(save_folder, upload_cfg.staging_folder if upload_cfg else None)
+            kwargs = {}
+            if upload_cfg is not None:
+                kwargs = dict(timeout_s=upload_cfg.timeout_s, initial_backoff_s=upload_cfg.initial_backoff_s,
+                              max_backoff_s=upload_cfg.max_backoff_s)
+            self.uploader = uploads.Uploader(save_folder, dist.rank(), **kwargs)
+
+    def save(self, name: str, **kwargs) -> str:
+        """Write checkpoint ``name`` (collective); returns where it is (or will be, once uploaded)."""
+        if not self.remote:
+            return str(save_checkpoint(self.save_folder, name, overwrite=self.overwrite, keep=self.keep, **kwargs))
+        staged = save_checkpoint(self.staging, name, overwrite=True, publish=False, **kwargs)
+        attempt = dist.broadcast_object(uuid.uuid4().hex[:12] if dist.rank() == 0 else None)
+        self.uploader.submit(uploads.UploadJob(name, staged, dist.world_size(), self.keep, attempt))
+        return f"{self.save_folder.rstrip('/')}/{name}"
+
+    def check_can_write(self, resuming: bool) -> None:
+        """Fail up front, not at the first save in the middle of training, when save_folder would overwrite
+        another run's checkpoints or (s3://) cannot be reached."""
+        if not self.save_folder:
+            return
+        problem = None
+        if dist.rank() == 0:
+            try:
+                if self.remote:
+                    existing = uploads.RemoteCheckpoints(self.save_folder).complete_checkpoints()
+                else:
+                    existing = [p.name for p in list_checkpoints(self.save_folder)]
+                if existing and not (self.overwrite or resuming):
+                    problem = (f"save_folder: '{self.save_folder}' already holds checkpoints ({existing[-1]}); set "
+                               "autoresume: true to continue, save_overwrite: true, or choose another save_folder")
+            except ConfigError as error:
+                problem = str(error)
+            except Exception as error:  # noqa: BLE001 - boto raises many types; all mean "cannot use this folder"
+                problem = str(objectstore.explain(error, self.save_folder, "save_folder"))
+        if (problem := dist.broadcast_object(problem)) is not None:
+            raise ConfigError(problem)
+
+    def metrics(self) -> dict[str, float]:
+        return uploads.describe(self.uploader)
+
+    def finish(self, timeout_s: float) -> bool:
+        """Wait for pending uploads (every rank); False if some did not finish or failed."""
+        if self.uploader is None:
+            return True
+        done = self.uploader.close(timeout_s)
+        return done and not self.uploader.failed
+
+    def latest(self) -> str | None:
+        """The newest complete checkpoint in save_folder as a local path (downloaded when remote), or None."""
+        if not self.save_folder:
+            return None
+        if not self.remote:
+            path = latest_checkpoint(self.save_folder)
+            return str(path) if path is not None else None
+        found = None
+        if dist.rank() == 0:
+            try:
+                found = ("ok", uploads.RemoteCheckpoints(self.save_folder).latest())
+            except Exception as error:  # noqa: BLE001 - boto's errors: no such bucket, unreachable endpoint, ...
+                found = ("error", str(objectstore.explain(error, self.save_folder, "save_folder")))
+        status, name = dist.broadcast_object(found)
+        if status == "error":
+            raise ConfigError(name)
+        if name is None:
+            return None
+        return fetch(self.save_folder, name, self.staging)
+
+
+def fetch(url: str, name: str, staging: Path) -> str:
+    """Download checkpoint ``name`` of the s3:// save_folder ``url`` (one rank per node) and return its path."""
+    dest = Path(staging) / "downloads"
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        uploads.RemoteCheckpoints(url).download_checkpoint(name, dest)
+    dist.barrier()
+    return str(dest / name)
+
+
+def remote_staging(path: str, upload_cfg=None) -> Path:
+    return objectstore.staging_root(path, upload_cfg.staging_folder if upload_cfg is not None else None)
+
+
+def resolve_load_path(path: str, staging: Path) -> str:
+    """A local checkpoint path for ``load_path`` (an s3:// checkpoint or save_folder is downloaded first)."""
+    if not objectstore.is_remote(path):
+        return path
+    found: tuple[str, str] | str | None = None
+    if dist.rank() == 0:
+        try:
+            folder, name = uploads.resolve_remote(path)
+            found = (folder.url, name)
+        except ConfigError as error:
+            found = str(error)
+        except Exception as error:  # noqa: BLE001 - boto's errors: no such bucket, unreachable endpoint, ...
+            found = str(objectstore.explain(error, path, "load_path"))
+    found = dist.broadcast_object(found)
+    if isinstance(found, str):
+        raise ConfigError(found)
+    return fetch(found[0], found[1], staging)
+
+
+def stage_model_path(path: str, key: str = "load_path") -> str:
+    """A local path for a model path: ``path`` itself unless it is ``s3://``, in which case one of our checkpoints
+    (or a save_folder's newest complete one), or a Hugging Face folder (recognised by its ``config.json``), is
+    downloaded into the staging folder and the local copy's path returned. Used by llmfoundry.loading."""
+    if not objectstore.is_remote(path):
+        return path
+    staging = remote_staging(path)
+    try:
+        url = path.rstrip("/")
+        parent, _, last = url.rpartition("/")
+        if not parent.endswith(":/") and uploads.RemoteCheckpoints(url, key).exists("config.json"):  # a Hugging Face folder
+            return fetch(parent, last, staging)
+        return resolve_load_path(url, staging)
+    except ConfigError as error:  # resolve_load_path names load_path; say which key it really was
+        raise error.rekeyed("load_path", key) from None
+    except Exception as error:  # noqa: BLE001 - botocore: no credentials, no endpoint, access denied, ...
+        raise objectstore.explain(error, path, key) from None
