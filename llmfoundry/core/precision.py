@@ -1,4 +1,5 @@
-"""Numeric precision policies: fp32, amp_bf16, amp_fp16 (autocast) and bf16 (weights in bf16)."""
+"""Numeric precision: the one map of dtype names, and the policies fp32, amp_bf16, amp_fp16 (autocast) and bf16
+(weights in bf16)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import contextlib
 
 import torch
 
+# Every dtype name a recipe or a command-line flag may use (fsdp_config.mixed_precision, convert --dtype, ...).
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+          "fp16": torch.float16, "float16": torch.float16}
 AUTOCAST_DTYPES = {"amp_bf16": torch.bfloat16, "amp_fp16": torch.float16}
 
 

@@ -13,6 +13,8 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import nn
 
+from llmfoundry.core.errors import ConfigError
+
 
 @runtime_checkable
 class CausalLM(Protocol):
@@ -42,12 +44,12 @@ MEMBERS = ("supports_sequence_id", "forward", "flops_per_token", "blocks", "get_
 
 
 def check_causal_lm(model: Any, where: str) -> None:
-    """Raise TypeError naming the members of :class:`CausalLM` that ``model`` (built for ``where``) lacks."""
+    """Raise a one-line ConfigError naming the members of :class:`CausalLM` that ``model`` (built for ``where``) lacks."""
     if isinstance(model, CausalLM) and isinstance(model, nn.Module):
         return
     missing = [m for m in MEMBERS if not hasattr(model, m)]
     what = type(model).__name__
     if not isinstance(model, nn.Module):
         missing.insert(0, "being a torch.nn.Module")
-    raise TypeError(f"{where}: the model builder returned a {what} without {', '.join(missing)} "
+    raise ConfigError(f"{where}: the model builder returned a {what} without {', '.join(missing)} "
                     "(see llmfoundry.models.interface.CausalLM)")

@@ -1,0 +1,60 @@
+"""The package's shape: imports at module level (so the layer contract in pyproject.toml sees the real graph) and
+modules small enough to read. `lint-imports` (run by .ci/run) checks the layers themselves."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "llmfoundry"
+# Optional dependencies (extras, or heavy imports needed by one logger/feature only) may be imported where they
+# are used, so that llmfoundry works without them. Everything else is imported at the top of its module.
+OPTIONAL = {"peft", "lm_eval", "mlflow", "tensorboard", "torch.utils.tensorboard", "tiktoken", "flash_attn",
+            "datasets", "matplotlib", "wandb", "boto3", "botocore", "ray", "bitsandbytes"}
+MAX_LINES = 500
+
+
+def _modules() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def _imported_names(node: ast.AST) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if isinstance(node, ast.ImportFrom):
+        return ["." * node.level + (node.module or "")]
+    return []
+
+
+def _is_optional(name: str) -> bool:
+    return any(name == opt or name.startswith(opt + ".") for opt in OPTIONAL)
+
+
+def function_level_imports(path: Path, root: Path = PACKAGE.parent) -> list[str]:
+    """``file:line name`` for every import inside a function or method of ``path`` that is not optional."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = []
+    for func in ast.walk(tree):
+        if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(func):
+            for name in _imported_names(node):
+                if not _is_optional(name):
+                    found.append(f"{path.relative_to(root)}:{node.lineno} {name}")
+    return sorted(set(found))
+
+
+def test_imports_inside_functions_are_only_for_optional_dependencies():
+    found = [line for path in _modules() for line in function_level_imports(path)]
+    assert not found, f"{len(found)} imports inside functions (move them to the top of the module):\n" + "\n".join(found)
+
+
+def test_the_counter_finds_an_import_inside_a_function(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text("import os\n\ndef f():\n    import json\n    import wandb\n    from . import x\n    return json\n")
+    assert function_level_imports(sample, tmp_path) == ["sample.py:4 json", "sample.py:6 ."]
+
+
+def test_no_module_is_longer_than_500_lines():
+    long = {str(p.relative_to(PACKAGE.parent)): n for p in _modules() if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines (split them by job): {long}"
