@@ -1,7 +1,7 @@
 """Training-step time of our MPT vs transformers' MptForCausalLM: same config, same batch, same process.
 
 One step = forward + loss + backward + AdamW step. Both models get identical weights (ours exported with
-llmfoundry.models.convert), warm up, then alternate timed steps so that machine noise hits both equally.
+llmfoundry.models.hf_export), warm up, then alternate timed steps so that machine noise hits both equally.
 
     python benchmarks/model_step.py                      # CPU, MPT-125M shape, seq 512 and 2048
     python benchmarks/model_step.py --device cuda --dtype bf16 --seq 2048 --batch 8
@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from llmfoundry.models.convert import to_transformers
+from llmfoundry.models.hf_export import to_transformers
 from llmfoundry.models.mpt import MPTConfig, MPTForCausalLM
 
 MPT_125M = dict(d_model=768, n_heads=12, n_layers=12, expansion_ratio=4, vocab_size=50368, no_bias=True,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from llmfoundry.core.errors import ConfigError
+from llmfoundry.core.errors import ConfigError, did_you_mean
 
 # command -> (module with `main(argv: list[str]) -> int`, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -43,8 +43,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
-        from llmfoundry.core.errors import did_you_mean
-
         print(f"error: unknown command '{command}'{did_you_mean(command, COMMANDS)}\n\n{_usage()}", file=sys.stderr)
         return 2
     module = importlib.import_module(COMMANDS[command][0])

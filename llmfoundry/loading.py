@@ -18,15 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM
 
-import llmfoundry.models  # noqa: F401  (lets the Auto classes open our own MPT folders)
 from llmfoundry import registry
 from llmfoundry.core import objectstore
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.data.tokenizers import build_tokenizer, load_saved_tokenizer
 from llmfoundry.eval.models import HF, model_settings
-from llmfoundry.train.builders import build_model, build_tokenizer as build_recipe_tokenizer
+from llmfoundry.models.hf import HFModelSettings, load_hf_causal_lm
+from llmfoundry.train.builders import build_model
+from llmfoundry.train.builders import build_tokenizer as build_recipe_tokenizer
 from llmfoundry.train.checkpoint import load_checkpoint, read_checkpoint_config, resolve_checkpoint
 from llmfoundry.train.checkpointer import stage_model_path
 from llmfoundry.train.recipe import TrainConfig, validate
@@ -56,11 +56,14 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", *, dtype: t
     path = Path(stage_model_path(str(path), key))
     if not is_hf_folder(path):
         return load_checkpoint_model(path, device)
-    # Our own MPT folders open through the Auto classes too (llmfoundry.models registers them).
-    kwargs: dict[str, Any] = {"trust_remote_code": False}
+    # The loader of a recipe's hf_causal_lm section (and of an eval recipe's Hugging Face models): any
+    # transformers model, and our own MPT folders, which llmfoundry.models registers with the Auto classes.
+    try:
+        model = load_hf_causal_lm(HFModelSettings(pretrained_model_name_or_path=str(path))).hf_model
+    except ConfigError as error:
+        raise error.rekeyed("model.pretrained_model_name_or_path", key) from None
     if dtype is not None:
-        kwargs["dtype"] = dtype
-    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        model = model.to(dtype)
     return model.to(device).eval(), load_saved_tokenizer(path)
 
 

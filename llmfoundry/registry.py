@@ -15,9 +15,12 @@ registers on import.
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any
 
 from llmfoundry.core.errors import ConfigError, did_you_mean
@@ -100,12 +103,6 @@ metrics = Registry("metrics", provider_modules=("llmfoundry.eval.icl",))
 def import_code_paths(paths: list[str] | None, key: str = "code_paths") -> None:
     """Import the Python files a recipe names in ``code_paths`` (llm-foundry's key), so that the builders they
     register are known before the recipe is validated. Each file is imported once per process."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    from llmfoundry.core.errors import ConfigError
-
     if paths is None:
         return
     if isinstance(paths, str) or not isinstance(paths, list):

@@ -1,34 +1,29 @@
-"""Shared fixtures: a tiny locally trained tokenizer and a tiny text corpus (nothing is downloaded)."""
+"""Shared fixtures: a tiny locally trained tokenizer, a tiny text corpus and MDS shards made from it (nothing is
+downloaded), a moto S3 server, and a staging folder of its own for every test.
+
+Plain helper functions and constants are in tests/helpers.py (``from tests.helpers import ...``).
+"""
 
 from __future__ import annotations
 
 import os
-import random
 
 import pytest
+
+from tests.helpers import S3_TEST_BUCKET, TINY_RECIPE_SEQ, convert_text_folder, make_corpus, write_text_folder
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-_WORDS = (
-    "the a model learns to predict next token from data which flows through layers of attention and "
-    "feed forward networks while an optimizer updates weights after each batch of text samples in order "
-    "cat dog runs jumps quickly slowly over under river mountain city small large blue green red"
-).split()
 
-
-def make_corpus(num_docs: int = 200, seed: int = 0) -> list[str]:
-    """Deterministic English-like documents of a few sentences each."""
-    rng = random.Random(seed)
-    docs = []
-    for _ in range(num_docs):
-        sentences = []
-        for _ in range(rng.randint(2, 6)):
-            words = [rng.choice(_WORDS) for _ in range(rng.randint(4, 12))]
-            sentences.append(" ".join(words).capitalize() + ".")
-        docs.append(" ".join(sentences))
-    return docs
+@pytest.fixture(autouse=True)
+def own_staging_dir(tmp_path, monkeypatch):
+    """LLMFOUNDRY_STAGING_DIR points into this test's tmp_path, so that no two tests (nor two suites running at
+    once) share the default staging folder; subprocesses started by the test inherit it."""
+    folder = tmp_path / "llmfoundry-staging"
+    monkeypatch.setenv("LLMFOUNDRY_STAGING_DIR", str(folder))
+    return folder
 
 
 @pytest.fixture(scope="session")
@@ -51,6 +46,17 @@ def tokenizer(tokenizer_dir):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(tokenizer_dir))
+
+
+@pytest.fixture(scope="session")
+def mds_root(tmp_path_factory, corpus, tokenizer_dir):
+    """MDS shards of 64-token samples (``TINY_RECIPE_SEQ``) from the corpus: 160 documents in root/train, 40 in
+    root/val (the splits ``tiny_recipe`` and the shipped pretraining recipes read)."""
+    root = tmp_path_factory.mktemp("mds")
+    for split, docs in {"train": corpus[:160], "val": corpus[160:]}.items():
+        source = write_text_folder(root / "text" / split, docs)
+        convert_text_folder(source, root / split, tokenizer_dir, TINY_RECIPE_SEQ)
+    return root
 
 
 # ----------------------------------------------------------------------------------------------- S3 (moto server)
@@ -97,12 +103,9 @@ def moto_s3():
     server.stop()
 
 
-S3_TEST_BUCKET = "llmfoundry-test"
-
-
 @pytest.fixture
 def s3_server(moto_s3, monkeypatch):
-    """Endpoint URL of a running, empty moto S3 server holding the bucket ``S3_TEST_BUCKET`` ('llmfoundry-test').
+    """Endpoint URL of a running, empty moto S3 server holding the bucket ``tests.helpers.S3_TEST_BUCKET``.
 
     Sets AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_DEFAULT_REGION / S3_ENDPOINT_URL / AWS_ENDPOINT_URL_S3 for the test (subprocesses
     started by the test inherit them). ``moto_s3.stop()`` / ``moto_s3.start()`` simulate an outage.

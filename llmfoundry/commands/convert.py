@@ -2,7 +2,7 @@
 
 CHECKPOINT is one of our checkpoints (a checkpoint folder or a save_folder) or a Hugging Face folder, local or
 ``s3://``; the exported folder loads with ``transformers.AutoModelForCausalLM.from_pretrained`` and no
-``trust_remote_code`` (see llmfoundry.models.convert for which transformers class each architecture maps to).
+``trust_remote_code`` (see llmfoundry.models.hf_export for which transformers class each architecture maps to).
 """
 
 from __future__ import annotations
@@ -10,14 +10,15 @@ from __future__ import annotations
 import argparse
 
 from llmfoundry.loading import load_model
-from llmfoundry.models.convert import DTYPES, export_hf
+from llmfoundry.models.hf_export import export_hf
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="llmfoundry convert", description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint", help="a checkpoint folder of ours or a Hugging Face folder")
     parser.add_argument("out_dir", help="where to write the transformers-native folder")
-    parser.add_argument("--dtype", choices=list(DTYPES), default="fp32")
+    # the short names only (llmfoundry.core.precision.DTYPES also knows float32, bfloat16 and float16)
+    parser.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32")
     args = parser.parse_args(argv)
     model, tokenizer = load_model(args.checkpoint)
     name = export_hf(model, tokenizer, args.out_dir, args.dtype)

@@ -22,8 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Union, get_args, get_origin
 
+from llmfoundry import registry
 from llmfoundry.config.fields import doc_of, unsupported_reason
 from llmfoundry.config.validate import Registered, RegisteredMap, type_name
+from llmfoundry.eval.config import EvalConfig, GauntletConfig, ICLTaskConfig
+from llmfoundry.train.recipe import TrainConfig
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 REFERENCE = DOCS / "config-reference.md"
@@ -110,8 +113,6 @@ def keys_of(cls: type, prefix: str = "") -> list[Key]:
 
 
 def _builtin_entries(kind: str):
-    from llmfoundry import registry
-
     reg = getattr(registry, kind)
     for name in reg.names():
         entry = reg.get(name)
@@ -121,9 +122,6 @@ def _builtin_entries(kind: str):
 
 def all_sections() -> list[tuple[str, str, list[Key]]]:
     """(heading, intro, keys) for every part of the reference."""
-    from llmfoundry.train.recipe import TrainConfig
-    from llmfoundry.eval.config import EvalConfig, GauntletConfig, ICLTaskConfig
-
     parts = [("Training recipe (top level)", "The keys of a recipe for `llmfoundry train` (`TrainConfig`). "
               "Sections chosen by `name` are listed further down, per name.", keys_of(TrainConfig))]  # fmt: skip
     for kind, key, how in SECTIONS:

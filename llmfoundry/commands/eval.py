@@ -14,12 +14,17 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from llmfoundry import registry
+from llmfoundry.config.load import load_config
+from llmfoundry.config.validate import to_plain
+from llmfoundry.core.dist import init_distributed
 from llmfoundry.eval.config import EvalConfig, load_eval_config
 from llmfoundry.eval.gauntlet import (
     compute_gauntlet,
@@ -29,16 +34,15 @@ from llmfoundry.eval.gauntlet import (
     tasks_table,
 )
 from llmfoundry.eval.icl.data import check_task_files
-from llmfoundry.loading import load_eval_model
 from llmfoundry.eval.runner import ICLEvaluator
+from llmfoundry.loading import load_eval_model
+from llmfoundry.train.builders import build_named
 
 log = logging.getLogger("llmfoundry.eval")
 
 
 def read_config(path: str, overrides: list[str]) -> EvalConfig:
     """The validated recipe (YAML + Hydra-grammar overrides + interpolation, then the schema)."""
-    from llmfoundry.config.load import load_config
-
     return load_eval_config(load_config(path, overrides))
 
 
@@ -46,16 +50,11 @@ def build_loggers(cfg: EvalConfig, run_name: str) -> list:
     """The recipe's loggers, built by the trainer's registry builders (rank 0 only)."""
     if not cfg.loggers:
         return []
-    from llmfoundry import registry
-    from llmfoundry.train.builders import build_named
-
     return build_named(registry.loggers, cfg.loggers, run_name)
 
 
 def run_eval(cfg: EvalConfig) -> dict[str, dict[str, Any]]:
     """Evaluate every model; returns ``{model_name: {"metrics": ..., "gauntlet": ...}}`` (printed on rank 0)."""
-    from llmfoundry.core.dist import init_distributed
-
     check_task_files(cfg.icl_tasks)  # a missing task file shows before any model is loaded
     info = init_distributed(cfg.dist_timeout)
     torch.manual_seed(cfg.seed)
@@ -63,11 +62,8 @@ def run_eval(cfg: EvalConfig) -> dict[str, dict[str, Any]]:
     printed: list[str] = []
     run_name = cfg.run_name or time.strftime("eval-%Y%m%d-%H%M%S")
     loggers = build_loggers(cfg, run_name) if info.is_main else []
-    if loggers:
-        from llmfoundry.config.validate import to_plain
-
-        for logger in loggers:
-            logger.log_hyperparameters(to_plain(cfg))
+    for logger in loggers:
+        logger.log_hyperparameters(to_plain(cfg))
     try:
         _evaluate_models(cfg, info, results, printed, loggers)
     finally:
@@ -144,6 +140,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    import sys
-
     sys.exit(main())

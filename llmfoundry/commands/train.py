@@ -14,7 +14,12 @@ import subprocess
 import sys
 
 from llmfoundry.config.load import load_config
+from llmfoundry.core import dist
+from llmfoundry.core.errors import ConfigError
+from llmfoundry.registry import import_code_paths
+from llmfoundry.train.errors import TrainingStopped
 from llmfoundry.train.recipe import TrainConfig, validate
+from llmfoundry.train.trainer import Trainer, device_batch_size
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -31,8 +36,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def load_train_config(recipe: str, overrides: list[str]) -> tuple[TrainConfig, dict]:
     """The validated TrainConfig and the resolved plain config it came from."""
-    from llmfoundry.registry import import_code_paths
-
     plain = load_config(recipe, overrides)
     import_code_paths(plain.get("code_paths"))  # what they register must be known to the validator
     return validate(plain, TrainConfig), plain
@@ -64,20 +67,13 @@ def main(argv: list[str]) -> int:
     cfg, plain = load_train_config(args.recipe, args.overrides)  # bad input fails here, once, with exit code 2
     if args.nproc is not None and "LOCAL_RANK" not in os.environ:
         if args.nproc < 1:
-            from llmfoundry.core.errors import ConfigError
-
             raise ConfigError(f"-n: {args.nproc} processes (use 1 or more)")
         if args.nproc > 1:
-            from llmfoundry.train.trainer import device_batch_size
-
             device_batch_size(cfg.global_train_batch_size, args.nproc)  # once here, not once per spawned rank
             return subprocess.call(torchrun_command(args.nproc, args.recipe, args.overrides))
     os.environ.update(cuda_environment(cfg, dict(os.environ)))
     if cfg.python_log_level:
         logging.basicConfig(level=cfg.python_log_level.upper(), format="%(asctime)s %(name)s: %(message)s")
-    from llmfoundry.core import dist
-    from llmfoundry.train.trainer import Trainer, TrainingStopped
-
     try:
         Trainer(cfg, plain).fit()
     except TrainingStopped as error:

@@ -1,4 +1,4 @@
-"""Value types with a range check, for config fields: ``lr: NonNegativeFloat = option(1e-4, "...")``.
+"""Value types with a range or format check, for config fields: ``lr: NonNegativeFloat = option(1e-4, "...")``.
 
 Each is an ``Annotated`` type whose ``Check`` the schema validator runs after type conversion, so a bad value is
 reported with its key path together with every other problem, before anything is built.
@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from llmfoundry.config.validate import Check
+from llmfoundry.core.timeunits import check_time
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
@@ -44,3 +45,4 @@ NonNegativeFloat = Annotated[float, Check(_non_negative)]
 Probability = Annotated[float, Check(_probability)]
 Betas = Annotated[list[float], Check(_betas)]
 LogLevel = Annotated[str, Check(_log_level)]
+TimeString = Annotated[str, Check(check_time)]  # "100ba", "1ep", "2000tok", "10sp", "0.1dur"

@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from llmfoundry.core.errors import ConfigError
+from llmfoundry.core.errors import ConfigError, first_line
 
 
 def read_yaml(path: str | Path) -> DictConfig:
@@ -27,7 +29,7 @@ def read_yaml(path: str | Path) -> DictConfig:
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
-        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        problem = getattr(error, "problem", None) or first_line(error)
         raise ConfigError(f"{where}: invalid YAML: {problem}") from None
     if data is None:
         data = {}
@@ -41,16 +43,13 @@ def read_yaml(path: str | Path) -> DictConfig:
 
 def apply_overrides(cfg: DictConfig, overrides: list[str]) -> None:
     """Apply Hydra-grammar overrides to ``cfg`` in place."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
     parser = OverridesParser.create()
     for text in overrides:
         try:
             (override,) = parser.parse_overrides([text])
         except HydraException as error:
-            first_line = str(error).strip().splitlines()[0]
-            raise ConfigError(f"override '{text}': {first_line} (expected key=value, +key=value or ~key)") from None
+            grammar = "expected key=value, +key=value or ~key"
+            raise ConfigError(f"override '{text}': {first_line(error)} ({grammar})") from None
         key = override.key_or_group
         if override.package:
             raise ConfigError(f"override '{text}': '@package' overrides are not supported")
@@ -63,7 +62,7 @@ def apply_overrides(cfg: DictConfig, overrides: list[str]) -> None:
         try:
             OmegaConf.update(cfg, key, value, merge=False, force_add=True)
         except OmegaConfBaseException as error:
-            raise ConfigError(f"override '{text}': {str(error).splitlines()[0]}") from None
+            raise ConfigError(f"override '{text}': {first_line(error)}") from None
 
 
 def _delete(cfg: DictConfig, key: str, text: str) -> None:
@@ -82,9 +81,8 @@ def resolve(cfg: DictConfig, source: str = "config") -> dict[str, Any]:
         return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
     except OmegaConfBaseException as error:
         key = getattr(error, "full_key", None)
-        message = str(error).splitlines()[0]
         where = f"{key}: " if key else ""
-        raise ConfigError(f"{source}: {where}cannot resolve interpolation: {message}") from None
+        raise ConfigError(f"{source}: {where}cannot resolve interpolation: {first_line(error)}") from None
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from llmfoundry.core.errors import ConfigError, closest, did_you_mean
 from llmfoundry.config.fields import unsupported_reason
+from llmfoundry.core.errors import ConfigError, closest, did_you_mean
 
 
 @dataclass

@@ -8,7 +8,8 @@ preparation (data.prep), ICL task files (eval.icl.data) and model folders (loadi
 * :func:`client`: a boto3 S3 client with connect/read timeouts; the endpoint comes from ``S3_ENDPOINT_URL`` (or
   ``AWS_ENDPOINT_URL_S3``), credentials from boto3's usual chain;
 * :class:`Retry` (exponential backoff until a deadline) for callers that must survive an outage;
-* :class:`ObjectFolder` (exists, read, list, download a prefix) and whole-file helpers for local-or-remote paths;
+* :class:`ObjectFolder` (exists, read, list, download or delete under a prefix) and whole-file helpers for
+  local-or-remote paths;
 * :func:`staging_root`: the local folder where files for a URL are staged;
 * :func:`explain`: one error explainer that turns boto's errors into a one-line ConfigError naming the key.
 """
@@ -93,13 +94,15 @@ def error_code(error: BaseException) -> str:
 
 
 def is_missing(error: BaseException) -> bool:
-    """Whether an error from the store means "no such object or bucket" (botocore codes, any case, or a 404)."""
+    """Whether an error from the store means "no such object or bucket": botocore's error code (any case) or HTTP
+    status 404. The message is not read: it quotes URLs and keys, and a port such as 40412 or a checkpoint named
+    ep0-ba404 must not turn a dropped connection into a final "missing" that :class:`Retry` gives up on."""
     if isinstance(error, FileNotFoundError):
         return True
-    if error_code(error).lower() in _MISSING:
-        return True
-    text = str(error).lower()
-    return any(marker in text for marker in ("not found", "nosuchbucket", "nosuchkey", "404"))
+    response = getattr(error, "response", None)
+    if not isinstance(response, dict):
+        return False
+    return error_code(error).lower() in _MISSING or response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 404
 
 
 def problem(error: BaseException) -> str:
@@ -155,7 +158,7 @@ class Retry:
 
 # ----------------------------------------------------------------------------------------------- folders
 class ObjectFolder:
-    """The objects under one ``s3://bucket/prefix``: exists, read, list, download."""
+    """The objects under one ``s3://bucket/prefix``: exists, read, list, download, delete."""
 
     def __init__(self, url: str, key: str = "path", *, max_attempts: int = 1):
         self.url = url.rstrip("/")

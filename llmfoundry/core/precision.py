@@ -25,6 +25,11 @@ def weight_dtype(precision: str) -> torch.dtype:
     return torch.bfloat16 if precision == "bf16" else torch.float32
 
 
+def low_dtype(precision: str) -> torch.dtype | None:
+    """The 16-bit dtype a policy computes in (bf16 for amp_bf16 and bf16, fp16 for amp_fp16); None for fp32."""
+    return torch.bfloat16 if precision == "bf16" else AUTOCAST_DTYPES.get(precision)
+
+
 def grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler | None:
     """fp16 gradients underflow without loss scaling; the other policies need none."""
     if precision != "amp_fp16":

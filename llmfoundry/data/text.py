@@ -30,16 +30,21 @@ import os
 import tempfile
 import threading
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import torch
 
-from llmfoundry.core.errors import ConfigError
+from llmfoundry.config.checks import PositiveInt
 from llmfoundry.config.fields import option
+from llmfoundry.config.validate import Check
+from llmfoundry.core import objectstore
+from llmfoundry.core.errors import ConfigError
+from llmfoundry.data.streaming_guard import import_streaming
 from llmfoundry.registry import dataloaders
 
 IGNORE_INDEX = -100
+streaming = import_streaming()  # through the guard: streaming must import without a working torchvision
 
 
 # ----------------------------------------------------------------------------------------------- settings
@@ -87,12 +92,17 @@ class StreamingOptions:
     keep_zip: bool = option(False, "keep compressed shards after decompressing them")
     replication: int | None = option(None, "ranks that see the same samples (sequence parallelism)")
 
+    def check_settings(self, path: str) -> list[str]:
+        if self.streams and (self.remote is not None or self.local is not None):
+            return [f"{path}: set either streams or remote/local, not both"]
+        return []
+
 
 @dataclass
 class TextDatasetSettings(StreamingOptions):
     """``train_loader.dataset`` for ``name: text``."""
 
-    max_seq_len: int = option(2048, "tokens per sample: longer samples are truncated, shorter ones padded")
+    max_seq_len: PositiveInt = option(2048, "tokens per sample: longer samples are truncated, shorter ones padded")
     eos_token_id: int | None = option(None, "documents end with this token: sequence_id restarts after it")
     bos_token_id: int | None = option(None, "documents start with this token: sequence_id restarts at it")
     pad_token_id: int | None = option(None, "id used to pad short samples (default: the tokenizer's pad, else EOS)")
@@ -101,6 +111,29 @@ class TextDatasetSettings(StreamingOptions):
     )
     vocab_size: int | None = option(None, "if set, a token id >= vocab_size in any batch is an error")
 
+    def check_settings(self, path: str) -> list[str]:
+        problems = super().check_settings(path)
+        if self.eos_token_id is not None and self.bos_token_id is not None:
+            problems.append(f"{path}: set eos_token_id or bos_token_id, not both")
+        return problems
+
+
+def _not_negative(value: int) -> None:
+    if value < 0:
+        raise ValueError(f"expected >= 0, got {value}")
+
+
+WorkerCount = Annotated[int, Check(_not_negative)]
+
+
+def dataloader_problems(settings: Any, path: str) -> list[str]:
+    """What is wrong with the torch DataLoader options of a loader section (its ``check_settings``)."""
+    if settings.num_workers > 0:
+        return []
+    needs_workers = {"prefetch_factor": settings.prefetch_factor is not None,
+                     "persistent_workers": settings.persistent_workers}
+    return [f"{path}.{name}: needs num_workers > 0 (it is 0)" for name, is_set in needs_workers.items() if is_set]
+
 
 @dataclass
 class TextLoaderSettings:
@@ -108,11 +141,14 @@ class TextLoaderSettings:
 
     dataset: TextDatasetSettings = option(default_factory=TextDatasetSettings, doc="the MDS data and how to read it")
     drop_last: bool = option(True, "drop the last incomplete batch of an epoch")
-    num_workers: int = option(0, "DataLoader worker processes")
+    num_workers: WorkerCount = option(0, "DataLoader worker processes")
     prefetch_factor: int | None = option(None, "batches each worker loads ahead (needs num_workers > 0; default 2)")
     pin_memory: bool = option(False, "pin batches in page-locked memory (faster host-to-GPU copies)")
     persistent_workers: bool = option(False, "keep workers alive between epochs (needs num_workers > 0)")
     timeout: float = option(0, "seconds to wait for a batch from a worker (0: forever)")
+
+    def check_settings(self, path: str) -> list[str]:
+        return dataloader_problems(self, path)
 
 
 # ----------------------------------------------------------------------------------------------- local folders
@@ -161,16 +197,9 @@ def resolve_local(remote: str | None, local: str | None, split: str | None, key:
 
 def build_streams(settings: StreamingOptions, key: str):
     """(streams or None, remote, local) for StreamingDataset from the settings."""
-    from llmfoundry.data.streaming_guard import import_streaming
-
-    streaming = import_streaming()
     if settings.streams:
-        if settings.remote is not None or settings.local is not None:
-            raise ConfigError(f"{key}: set either streams or remote/local, not both")
         streams = []
         for name, stream in settings.streams.items():
-            if isinstance(stream, dict):
-                stream = StreamSettings(**stream)
             split = stream.split if stream.split is not None else settings.split
             local = resolve_local(stream.remote, stream.local, split, f"{key}.streams.{name}")
             streams.append(
@@ -230,34 +259,21 @@ def _sources(settings: StreamingOptions) -> str:
     if settings.streams:
         parts = []
         for name, stream in settings.streams.items():
-            get = stream.get if isinstance(stream, dict) else lambda k, s=stream: getattr(s, k)
-            split = get("split") if get("split") is not None else settings.split
-            parts.append(f"{name}: {where(get('remote'), get('local'), split)}")
+            split = stream.split if stream.split is not None else settings.split
+            parts.append(f"{name}: {where(stream.remote, stream.local, split)}")
         return "; ".join(parts)
     return where(settings.remote, settings.local, settings.split)
 
 
-_MISSING_CODES = {"404", "nosuchkey", "nosuchbucket", "notfound", "nosuchentity"}
-
-
-def is_missing_object_error(error: BaseException) -> bool:
+def _is_missing_data(error: BaseException) -> bool:
     """Whether ``error`` (from streaming, botocore, a local read...) means "the object/file does not exist"."""
-    if isinstance(error, FileNotFoundError):
-        return True
-    response = getattr(error, "response", None)  # botocore.exceptions.ClientError
-    if isinstance(response, dict):
-        code = str(response.get("Error", {}).get("Code", "")).lower()
-        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        if code in _MISSING_CODES or status == 404:
-            return True
-    text = str(error).lower()
-    return any(marker in text for marker in ("not found", "notfound", "nosuchbucket", "nosuchkey", "404",
-                                             "does not exist", "no such file"))
+    text = str(error).lower()  # streaming words a missing local file in its own way
+    return objectstore.is_missing(error) or "does not exist" in text or "no such file" in text
 
 
 def make_streaming_dataset(cls, settings: StreamingOptions, batch_size: int, key: str, **extra):
-    """Instantiate a StreamingDataset subclass, turning streaming's errors about missing or empty data into
-    ConfigErrors (our own ConfigErrors pass through unchanged)."""
+    """Instantiate a StreamingDataset subclass (``extra``: its own arguments), turning streaming's errors about
+    missing or empty data into ConfigErrors (our own ConfigErrors pass through unchanged)."""
     kwargs = streaming_kwargs(settings, batch_size, key)
     try:
         return cls(**kwargs, **extra)
@@ -271,7 +287,7 @@ def make_streaming_dataset(cls, settings: StreamingOptions, batch_size: int, key
                 f"{key}: the MDS dataset {index} has no samples; convert data into it (with data_prep/ converters; "
                 "a --concat_tokens longer than the data writes none) or point remote/local/split elsewhere"
             ) from None
-        if is_missing_object_error(error):
+        if _is_missing_data(error):
             raise ConfigError(
                 f"{key}: no MDS dataset at {_sources(settings)} (index.json not found); check remote/local/split, or "
                 f"create it with data_prep/convert_text_to_mds.py or data_prep/convert_dataset_hf.py ({text[:160]})"
@@ -280,22 +296,17 @@ def make_streaming_dataset(cls, settings: StreamingOptions, batch_size: int, key
 
 
 # ----------------------------------------------------------------------------------------------- dataset and batches
-def _streaming_dataset_class():
-    from llmfoundry.data.streaming_guard import import_streaming
-
-    return import_streaming().StreamingDataset
-
-
-class _TextDatasetMixin:
+class StreamingTextDataset(streaming.StreamingDataset):
     """Turns an MDS sample into a 1-D long tensor of at most ``max_seq_len`` token ids."""
 
-    def _setup(self, tokenizer, max_seq_len: int, token_encoding_type: str) -> None:
+    def __init__(self, *, tokenizer, max_seq_len: int, token_encoding_type: str, **options):
+        super().__init__(**options)
         self.tokenizer = tokenizer
         self.max_seq_len = max_seq_len
         self.token_encoding_type = token_encoding_type
 
     def __getitem__(self, index: int) -> torch.Tensor:
-        sample = super().__getitem__(index)  # type: ignore[misc]
+        sample = super().__getitem__(index)
         if "tokens" in sample:
             tokens = sample["tokens"]
             if isinstance(tokens, (bytes, bytearray)):
@@ -312,17 +323,6 @@ class _TextDatasetMixin:
                 "converters) or 'text'"
             )
         return torch.from_numpy(tokens.astype(np.int64))
-
-
-_dataset_classes: dict[str, type] = {}
-
-
-def text_dataset_class() -> type:
-    """StreamingDataset subclass yielding token tensors (created lazily so that importing stays cheap)."""
-    if "text" not in _dataset_classes:
-        base = _streaming_dataset_class()
-        _dataset_classes["text"] = type("StreamingTextDataset", (_TextDatasetMixin, base), {"__module__": __name__})
-    return _dataset_classes["text"]
 
 
 def sequence_ids(input_ids: torch.Tensor, eos_token_id: int | None, bos_token_id: int | None) -> torch.Tensor:
@@ -386,38 +386,28 @@ class _CheckedCollator:
         return batch
 
 
-def dataloader_kwargs(settings: TextLoaderSettings | Any, key: str) -> dict[str, Any]:
-    if settings.num_workers < 0:
-        raise ConfigError(f"{key}.num_workers: expected >= 0, got {settings.num_workers}")
+def dataloader_kwargs(settings: Any) -> dict[str, Any]:
+    """torch DataLoader keyword arguments of a validated loader section (see dataloader_problems)."""
     kwargs: dict[str, Any] = dict(
         num_workers=settings.num_workers, pin_memory=settings.pin_memory, drop_last=settings.drop_last, timeout=settings.timeout
     )
     if settings.num_workers > 0:
         kwargs["persistent_workers"] = settings.persistent_workers
         kwargs["prefetch_factor"] = settings.prefetch_factor or 2
-    elif settings.persistent_workers or settings.prefetch_factor is not None:
-        raise ConfigError(f"{key}: persistent_workers and prefetch_factor need num_workers > 0")
     return kwargs
 
 
 @dataloaders.register("text", config=TextLoaderSettings)
 def build_text_dataloader(settings: TextLoaderSettings, tokenizer, device_batch_size: int, *, key: str = "train_loader"):
-    """A StreamingDataLoader of pretraining batches (see the module docstring)."""
-    from llmfoundry.data.streaming_guard import import_streaming
-
-    streaming = import_streaming()
-    if isinstance(settings, dict):
-        settings = TextLoaderSettings(dataset=TextDatasetSettings(**settings.pop("dataset", {})), **settings)
+    """A StreamingDataLoader of pretraining batches (see the module docstring) from validated ``settings`` (see the
+    sections' ``check_settings``)."""
     ds = settings.dataset
-    if ds.max_seq_len <= 0:
-        raise ConfigError(f"{key}.dataset.max_seq_len: expected a positive int, got {ds.max_seq_len}")
     if device_batch_size <= 0:
         raise ConfigError(f"{key}: device batch size must be positive, got {device_batch_size}")
-    if ds.eos_token_id is not None and ds.bos_token_id is not None:
-        raise ConfigError(f"{key}.dataset: set eos_token_id or bos_token_id, not both")
-    dataset = make_streaming_dataset(text_dataset_class(), ds, device_batch_size, f"{key}.dataset")
-    dataset._setup(tokenizer, ds.max_seq_len, ds.token_encoding_type)
-    if len(dataset) == 0 if hasattr(dataset, "__len__") else False:
+    dataset = make_streaming_dataset(StreamingTextDataset, ds, device_batch_size, f"{key}.dataset",
+                                     tokenizer=tokenizer, max_seq_len=ds.max_seq_len,
+                                     token_encoding_type=ds.token_encoding_type)
+    if len(dataset) == 0:
         raise ConfigError(f"{key}.dataset: the MDS dataset has no samples for this rank; convert more data")
     pad = ds.pad_token_id
     if pad is None and tokenizer is not None:
@@ -426,5 +416,5 @@ def build_text_dataloader(settings: TextLoaderSettings, tokenizer, device_batch_
     if ds.vocab_size is not None:
         collator = _CheckedCollator(collator, ds.vocab_size)
     return streaming.StreamingDataLoader(
-        dataset, batch_size=device_batch_size, collate_fn=collator, **dataloader_kwargs(settings, key)
+        dataset, batch_size=device_batch_size, collate_fn=collator, **dataloader_kwargs(settings)
     )

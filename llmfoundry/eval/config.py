@@ -11,31 +11,49 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 
-from llmfoundry.core.errors import ConfigError, did_you_mean
 from llmfoundry import registry
 from llmfoundry.config.checks import LogLevel
 from llmfoundry.config.fields import option
-from llmfoundry.config.validate import RegisteredMap
+from llmfoundry.config.validate import Check, RegisteredMap, validate
+from llmfoundry.core.errors import ConfigError, did_you_mean
+from llmfoundry.eval.models import check_models
 
-TASK_TYPES = ("language_modeling", "multiple_choice", "schema", "generation_task_with_answers", "code_evaluation")
 log = logging.getLogger(__name__)
+
+# llm-foundry's old names of task types, resolved (with a warning) once a task is validated
+TASK_TYPE_ALIASES = {"question_answering": "generation_task_with_answers"}
+
+
+def _check_task_type(name: str) -> None:
+    """A task type registered in registry.icl_task_types (whose error lists them) or an alias of one."""
+    if name == "code_evaluation":
+        raise ValueError("'code_evaluation' is not supported yet")
+    if name not in TASK_TYPE_ALIASES:
+        registry.icl_task_types.get(name)
+
+
+def _check_gauntlet_metric(name: str) -> None:
+    """A name in registry.metrics: the choice rules, whose names include ``accuracy`` and ``acc``, the metrics
+    that language-modeling and generation tasks report."""
+    registry.metrics.get(name)
 
 
 @dataclass
 class ICLTaskConfig:
     label: str = option(doc="name of the task in metric keys, e.g. arc_easy")
     dataset_uri: str = option(doc="JSONL task file: local path, s3://bucket/key, or hf://org/name (online)")
-    icl_task_type: Literal[
-        "language_modeling", "multiple_choice", "schema", "generation_task_with_answers", "question_answering",
-        "code_evaluation",
-    ] = option(doc="how examples are scored (question_answering: llm-foundry's old name of "
-                   "generation_task_with_answers; code_evaluation is not supported yet)")
+    icl_task_type: Annotated[str, Check(_check_task_type)] = option(
+        doc="how examples are scored: a name in registry.icl_task_types (built in: language_modeling, "
+        "multiple_choice, schema, generation_task_with_answers; question_answering: llm-foundry's old name of "
+        "generation_task_with_answers; code_evaluation is not supported yet)"
+    )
     num_fewshot: list[int] | int = option(doc="numbers of in-context examples; the task runs once per entry "
                                               "(required, as in llm-foundry)")
     batch_size: int | None = option(
@@ -58,8 +76,9 @@ class ICLTaskConfig:
     hf_loading_vars: dict[str, Any] = option({}, "keyword arguments of datasets.load_dataset for hf:// URIs")
     hf_parsing_map: dict[str, Any] = option({}, "{icl_key: [hf_column, ...]} joined with spaces, for hf:// URIs")
     metric_names: list[str] | None = option(
-        None, "report only these metrics: accuracy, acc, acc_norm, or llm-foundry's metric class names (e.g. "
-        "InContextLearningMultipleChoiceAccuracy = accuracy) (none = every metric of the task type)"
+        None, "report only these metrics: accuracy, acc (language modeling too), acc_norm or another choice rule in "
+        "registry.metrics, or llm-foundry's metric class names (e.g. InContextLearningMultipleChoiceAccuracy = "
+        "accuracy) (none = every metric of the task type)"
     )
     pass_at_k: int = option(1, "code evaluation: k", unsupported="code_evaluation tasks")
     generations_per_sample: int = option(1, "code evaluation: samples per prompt", unsupported="code_evaluation tasks")
@@ -102,7 +121,10 @@ class GauntletConfig:
     averages: dict[str, list[str]] | None = option(
         None, "named averages over categories, e.g. core_average: [...] (none = default_average over all categories)"
     )
-    metric: str = option("accuracy", "which per-task metric feeds the gauntlet: accuracy, acc or acc_norm")
+    metric: Annotated[str, Check(_check_gauntlet_metric)] = option(
+        "accuracy", "which per-task metric feeds the gauntlet: accuracy, acc, acc_norm or another name in "
+        "registry.metrics"
+    )
     destination_dir: str | None = option(
         None, "llm-foundry's download folder", unsupported="destination_dir (task files are read in place)"
     )
@@ -173,6 +195,10 @@ class EvalConfig:
     icl_subset_num_batches: int | None = option(
         None, "evaluate only the examples of each task's first N batches, in file order (as llm-foundry)"
     )
+    code_paths: list[str] = option(
+        [], "Python files imported before the recipe is validated (they may register ICL task types, metrics, "
+        "models, ... with llmfoundry.registry)"
+    )
     fsdp_config: dict[str, Any] | None = option(None, "FSDP settings", unsupported="fsdp_config in eval")
     model_gauntlet: Any = option(None, "old name of eval_gauntlet", unsupported="model_gauntlet (use eval_gauntlet)")
     python_log_level: LogLevel | None = option("info", "Python logging level (debug, info, warning, error, critical)")
@@ -191,12 +217,6 @@ def _read_yaml_file(path: str, key: str) -> Any:
     return data
 
 
-def _validate(data: Any, cls: type, path: str) -> Any:
-    from llmfoundry.config.validate import validate
-
-    return validate(data, cls, path)
-
-
 def _normalise_task(raw: Any) -> Any:
     if isinstance(raw, dict) and isinstance(raw.get("num_fewshot"), int):
         raw = {**raw, "num_fewshot": [raw["num_fewshot"]]}
@@ -211,42 +231,51 @@ def _raw_task_problems(raw: Any, path: str) -> list[str]:
     return []
 
 
-# llm-foundry's metric class names -> the metric they compute here
+# The metrics of the tasks that are scored greedily or by generation (ICLTask.scoring); tasks scored by choices
+# report every choice rule in registry.metrics.
+SCORING_METRICS = {"greedy": ("accuracy", "acc"), "generation": ("accuracy",)}
+# llm-foundry's metric class names: each is our `accuracy` of the tasks scored one way
 LLM_FOUNDRY_METRICS = {
-    "InContextLearningLMAccuracy": ("accuracy", ("language_modeling",)),
-    "InContextLearningMultipleChoiceAccuracy": ("accuracy", ("multiple_choice", "schema")),
-    "InContextLearningGenerationExactMatchAccuracy": ("accuracy", ("generation_task_with_answers",)),
-    "InContextLearningGenerationAccuracy": ("accuracy", ("generation_task_with_answers",)),
-    "InContextLearningQAAccuracy": ("accuracy", ("generation_task_with_answers",)),
+    "InContextLearningLMAccuracy": "greedy",
+    "InContextLearningMultipleChoiceAccuracy": "choices",
+    "InContextLearningGenerationExactMatchAccuracy": "generation",
+    "InContextLearningGenerationAccuracy": "generation",
+    "InContextLearningQAAccuracy": "generation",
 }
-# the metrics each task type reports
-TYPE_METRICS = {
-    "language_modeling": ("accuracy", "acc"),
-    "multiple_choice": ("accuracy", "acc", "acc_norm"),
-    "schema": ("accuracy", "acc", "acc_norm"),
-    "generation_task_with_answers": ("accuracy",),
-}
+
+
+def headline_first(names: Iterable[str]) -> list[str]:
+    """Metric names in the order they are shown: llm-foundry's ``accuracy`` (the headline number), then by name."""
+    return sorted(names, key=lambda name: (name != "accuracy", name))
+
+
+def reported_metrics(scoring: str) -> list[str]:
+    """The metrics of tasks scored this way (ICLTask.scoring)."""
+    if scoring == "choices":
+        return headline_first(registry.metrics.names())
+    return list(SCORING_METRICS[scoring])
 
 
 def selected_metrics(task: ICLTaskConfig) -> set[str] | None:
     """The metrics ``metric_names`` keeps (None = all): our names, or llm-foundry's class names mapped to ours."""
     if task.metric_names is None:
         return None
-    return {LLM_FOUNDRY_METRICS[n][0] if n in LLM_FOUNDRY_METRICS else n for n in task.metric_names}
+    return {"accuracy" if n in LLM_FOUNDRY_METRICS else n for n in task.metric_names}
 
 
 def _check_metric_names(task: ICLTaskConfig, path: str) -> None:
     if task.metric_names is None:
         return
-    available = TYPE_METRICS.get(task.icl_task_type, ())
+    scoring = registry.icl_task_types.get(task.icl_task_type, key=f"{path}.icl_task_type").builder.scoring
+    available = reported_metrics(scoring)
     problems = []
     for name in task.metric_names:
         if name in LLM_FOUNDRY_METRICS:
-            if task.icl_task_type not in LLM_FOUNDRY_METRICS[name][1]:
+            if LLM_FOUNDRY_METRICS[name] != scoring:
                 problems.append(f"{path}.metric_names: {name} does not apply to {task.icl_task_type} tasks "
                                 f"({task.label})")
         elif name not in available:
-            known = [*available, *(n for n, (_, types) in LLM_FOUNDRY_METRICS.items() if task.icl_task_type in types)]
+            known = [*available, *(n for n, kind in LLM_FOUNDRY_METRICS.items() if kind == scoring)]
             problems.append(f"{path}.metric_names: '{name}' is not supported for {task.icl_task_type} tasks "
                             f"({task.label}); choose from {', '.join(known)}")
     if not task.metric_names:
@@ -259,10 +288,11 @@ def _finish_task(task: ICLTaskConfig, path: str) -> ICLTaskConfig:
     """llm-foundry's aliases resolved (question_answering, prelimiter) and num_fewshot made a list."""
     if isinstance(task.num_fewshot, int):
         task.num_fewshot = [task.num_fewshot]
-    if task.icl_task_type == "question_answering":
-        log.warning("%s.icl_task_type: 'question_answering' is llm-foundry's deprecated name of "
-                    "'generation_task_with_answers' (%s)", path, task.label)
-        task.icl_task_type = "generation_task_with_answers"
+    if task.icl_task_type in TASK_TYPE_ALIASES:
+        new_name = TASK_TYPE_ALIASES[task.icl_task_type]
+        log.warning("%s.icl_task_type: '%s' is llm-foundry's deprecated name of '%s' (%s)", path,
+                    task.icl_task_type, new_name, task.label)
+        task.icl_task_type = new_name
     if task.prelimiter is not None:
         if task.question_prelimiter not in ("", task.prelimiter):
             raise ConfigError(f"{path}.prelimiter: set either prelimiter or question_prelimiter, not both "
@@ -296,7 +326,7 @@ def load_icl_tasks(value: Any, key: str = "icl_tasks") -> list[ICLTaskConfig]:
             if extra := _raw_task_problems(raw, path):
                 problems.extend(extra)
                 continue
-            tasks.append(_finish_task(_validate(_normalise_task(raw), ICLTaskConfig, path), path))
+            tasks.append(_finish_task(validate(_normalise_task(raw), ICLTaskConfig, path), path))
         except ConfigError as error:
             problems.extend(error.problems)
     if problems:
@@ -306,8 +336,6 @@ def load_icl_tasks(value: Any, key: str = "icl_tasks") -> list[ICLTaskConfig]:
     if duplicates:
         raise ConfigError(f"{key}: task labels must be unique; repeated: {', '.join(duplicates)}")
     for i, task in enumerate(tasks):
-        if task.icl_task_type == "code_evaluation":
-            raise ConfigError(f"{key}[{i}].icl_task_type: 'code_evaluation' is not supported yet ({task.label})")
         if not task.num_fewshot:
             raise ConfigError(f"{key}[{i}].num_fewshot: give at least one number of shots")
     return tasks
@@ -326,23 +354,23 @@ def load_gauntlet(value: Any, key: str = "eval_gauntlet") -> GauntletConfig | No
         value = data
     if not isinstance(value, dict):
         raise ConfigError(f"{key}: expected a mapping or a YAML path, got {type(value).__name__}")
-    return _validate(value, GauntletConfig, key)
+    return validate(value, GauntletConfig, key)
 
 
 def load_eval_config(data: dict[str, Any]) -> EvalConfig:
-    """The validated ``llmfoundry eval`` recipe, with ``icl_tasks``/``eval_gauntlet`` paths read."""
+    """The validated ``llmfoundry eval`` recipe, with ``icl_tasks``/``eval_gauntlet`` paths read and the
+    ``code_paths`` imported first (what they register must be known to the validator)."""
+    registry.import_code_paths(data.get("code_paths"))
     data = dict(data)
     if isinstance(data.get("icl_tasks"), list):
         problems = [p for i, t in enumerate(data["icl_tasks"]) for p in _raw_task_problems(t, f"icl_tasks[{i}]")]
         if problems:
             raise ConfigError.many(problems)
         data["icl_tasks"] = [_normalise_task(t) for t in data["icl_tasks"]]
-    cfg = _validate(data, EvalConfig, "")
+    cfg = validate(data, EvalConfig, "")
     cfg.icl_tasks = load_icl_tasks(cfg.icl_tasks)
     cfg.eval_gauntlet = load_gauntlet(cfg.eval_gauntlet)
     if not cfg.models:
         raise ConfigError("models: give at least one model to evaluate")
-    from llmfoundry.eval.models import check_models
-
     check_models(cfg.models)
     return cfg

@@ -16,7 +16,7 @@ import math
 from typing import Any
 
 from llmfoundry.core.errors import ConfigError
-from llmfoundry.eval.config import GauntletConfig, load_gauntlet
+from llmfoundry.eval.config import GauntletConfig, headline_first, load_gauntlet
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +102,9 @@ def markdown_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
 
 
 def tasks_table(metrics: dict[str, float], model_name: str | None = None) -> str:
-    """One row per task and number of shots (and category), with accuracy, acc and acc_norm columns."""
+    """One row per task and number of shots (and category), with a column per metric (accuracy first)."""
     rows: dict[tuple[str, str, str], dict[str, Any]] = {}
+    metric_names: set[str] = set()
     for key, value in metrics.items():
         parts = key.split("/")
         if len(parts) < 4 or parts[0] != "icl" or parts[1] == "gauntlet":
@@ -113,10 +114,11 @@ def tasks_table(metrics: dict[str, float], model_name: str | None = None) -> str
         row = rows.setdefault((label, shots, category), {"task": label, "shots": shots.replace("-shot", ""),
                                                          "category": category})
         row[metric] = value
+        metric_names.add(metric)
     columns = ["task", "shots"]
     if any(r["category"] for r in rows.values()):
         columns.append("category")
-    columns += [m for m in ("accuracy", "acc", "acc_norm") if any(m in r for r in rows.values())]
+    columns += headline_first(metric_names)
     if model_name is not None:
         columns.insert(0, "model")
         for r in rows.values():

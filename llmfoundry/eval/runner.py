@@ -7,6 +7,7 @@ as often as needed (the trainer calls it at every ``eval_interval``). Metrics co
                                        LM: greedy match; generation: exact match after normalisation)
     icl/{label}/{n}-shot/acc           MC/schema: lm-evaluation-harness acc (LM tasks: = accuracy)
     icl/{label}/{n}-shot/acc_norm      MC/schema: lm-evaluation-harness acc_norm
+    icl/{label}/{n}-shot/{rule}        MC/schema: any other choice rule registered in registry.metrics
     icl/{label}/{n}-shot/{category}/{metric}   tasks with has_categories (the task-level value is then the
                                                unweighted mean over categories, as llm-foundry's gauntlet uses)
 
@@ -26,18 +27,20 @@ which examples it holds.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed as dist
+import torch.distributed as torch_dist
 
-from llmfoundry.eval.config import ICLTaskConfig, load_icl_tasks, selected_metrics
+from llmfoundry import registry
+from llmfoundry.core import dist
+from llmfoundry.core.precision import autocast
+from llmfoundry.eval.config import ICLTaskConfig, load_icl_tasks, reported_metrics, selected_metrics
 from llmfoundry.eval.icl.data import read_records
-from llmfoundry.eval.icl.metrics import CHOICE_RULES, generation_correct
+from llmfoundry.eval.icl.metrics import generation_correct
 from llmfoundry.eval.icl.scoring import (
     generate_greedy,
     kv_cache_saving,
@@ -49,7 +52,6 @@ from llmfoundry.eval.icl.tasks import Example, GenerationTask, ICLTask, build_ta
 
 log = logging.getLogger(__name__)
 
-SCORED_TYPES = ("multiple_choice", "schema")
 # use the shared-prefix path when it saves at least this fraction of token positions
 KV_CACHE_MIN_SAVING = 0.15
 
@@ -69,20 +71,6 @@ class TaskRun:
     @property
     def name(self) -> str:
         return f"{self.cfg.label}/{self.num_fewshot}-shot"
-
-
-def _dist() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def _precision_context(precision: str, device: torch.device):
-    if precision == "amp_bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    if precision == "amp_fp16":
-        return torch.autocast(device.type, dtype=torch.float16)
-    return contextlib.nullcontext()
 
 
 class ICLEvaluator:
@@ -135,7 +123,7 @@ class ICLEvaluator:
                             s.tokens.insert(0, prefix_token)
                             s.cont_start = 1
                 run = TaskRun(cfg, shots, task, examples, cfg.batch_size or batch_size)
-                if cfg.icl_task_type in SCORED_TYPES:
+                if task.scoring == "choices":
                     run.kv_saving = kv_cache_saving([ex.sequences for ex in examples])
                 self.runs.append(run)
 
@@ -144,14 +132,11 @@ class ICLEvaluator:
         """Examples per ``label/{n}-shot`` (for the gauntlet's SAMPLE_SZ / LOG_SAMPLE_SZ weighting)."""
         return {run.name: len(run.examples) for run in self.runs}
 
-    def task_types(self) -> dict[str, str]:
-        return {run.cfg.label: run.cfg.icl_task_type for run in self.runs}
-
     # --- evaluation -------------------------------------------------------------------------------------------
     def _share_mode(self, run: TaskRun, model) -> str:
         """How a question's shared prefix is reused: 'packed' (one row per question with a 4D mask), 'kv' (the
         prefix's key/value cache copied to each choice) or 'full' (each choice run whole)."""
-        if run.cfg.icl_task_type not in SCORED_TYPES or run.cfg.kv_cache == "off" or run.kv_saving <= 0:
+        if run.task.scoring != "choices" or run.cfg.kv_cache == "off" or run.kv_saving <= 0:
             return "full"
         if run.cfg.kv_cache == "auto" and run.kv_saving < KV_CACHE_MIN_SAVING:
             return "full"
@@ -165,7 +150,7 @@ class ICLEvaluator:
         if device is None:
             device = next(model.parameters()).device
         device = torch.device(device)
-        rank, world = _dist()
+        rank, world = dist.rank(), dist.world_size()
         was_training = model.training
         model.eval()
         outer = model
@@ -176,7 +161,7 @@ class ICLEvaluator:
             if world == 1:
                 return n
             t = torch.tensor([n], device=device if device.type != "cpu" else "cpu")
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MAX)
             return int(t.item())
 
         def dummy_forward() -> None:
@@ -184,14 +169,14 @@ class ICLEvaluator:
 
         metrics: dict[str, float] = {}
         try:
-            with _precision_context(self.precision, device):
+            with autocast(self.precision, device):
                 for run in self.runs:
                     start = time.perf_counter()
                     local = run.examples[rank::world]
                     limit = self.subset_num_batches or run.cfg.icl_subset_num_batches
                     if limit is not None:  # the first `limit` batches in file order, before any sorting
                         local = local[: limit * examples_per_batch(run)]
-                    if isinstance(run.task, GenerationTask):
+                    if run.task.scoring == "generation":
                         results = self._run_generation(run, local, model, device, world, sync_calls)
                     else:
                         results = self._run_scored(run, local, model, device, sync_calls, dummy_forward)
@@ -218,14 +203,17 @@ class ICLEvaluator:
             sync_calls=sync_calls,
             dummy_forward=dummy_forward,
         )
+        by_choice = run.task.scoring == "choices"
+        names = reported_metrics(run.task.scoring)
+        rules = [registry.metrics.get(name).builder for name in names] if by_choice else []
         results = []
         for ex, sc in zip(local, scores):
             if sc is None:
                 continue
-            if run.cfg.icl_task_type in SCORED_TYPES:
-                correct = {name: float(rule(sc, ex.choice_texts) == ex.gold) for name, rule in CHOICE_RULES.items()}
-            else:  # language modeling: greedy reproduction of the continuation
-                correct = {"accuracy": float(sc[0].greedy), "acc": float(sc[0].greedy)}
+            if by_choice:
+                correct = {name: float(rule(sc, ex.choice_texts) == ex.gold) for name, rule in zip(names, rules)}
+            else:  # greedy reproduction of the continuation
+                correct = dict.fromkeys(names, float(sc[0].greedy))
             results.append({"index": ex.index, "category": ex.category, "correct": correct})
         return results
 
@@ -257,8 +245,8 @@ class ICLEvaluator:
                     text, ex.answers, stop_strings=stops, cot_delimiter=run.cfg.cot_delimiter,
                     normalize=run.cfg.do_normalization,
                 )
-                results.append({"index": ex.index, "category": ex.category, "correct": {"accuracy": float(ok)},
-                                "output": text})
+                correct = dict.fromkeys(reported_metrics(run.task.scoring), float(ok))
+                results.append({"index": ex.index, "category": ex.category, "correct": correct, "output": text})
         return results
 
     def _metrics(self, run: TaskRun) -> dict[str, float]:
@@ -287,7 +275,7 @@ class ICLEvaluator:
 def examples_per_batch(run: TaskRun) -> int:
     """Questions (multiple choice, schema) or examples in one of llm-foundry's batches of this task: its
     ``batch_size`` counts sequences, and a question takes one per choice."""
-    if run.cfg.icl_task_type in SCORED_TYPES and run.examples:
+    if run.task.scoring == "choices" and run.examples:
         choices = max(len(run.examples[0].sequences), 1)
         return max(run.batch_size, choices) // choices
     return run.batch_size
@@ -297,6 +285,6 @@ def _gather(results: list[dict], world: int) -> list[dict]:
     if world == 1:
         return sorted(results, key=lambda r: r["index"])
     everything: list[list[dict] | None] = [None] * world
-    dist.all_gather_object(everything, results)
+    torch_dist.all_gather_object(everything, results)
     merged = {r["index"]: r for part in everything for r in (part or [])}
     return [merged[i] for i in sorted(merged)]

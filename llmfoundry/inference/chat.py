@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import torch
+from transformers import StoppingCriteriaList
+from transformers.generation import BaseStreamer
 
 from llmfoundry.core.errors import ConfigError
-from llmfoundry.loading import load_model
+from llmfoundry.data.finetuning import CHATML_TEMPLATE
 from llmfoundry.inference.sampling import (
     add_sampling_arguments,
     check_sampling_arguments,
@@ -26,6 +29,7 @@ from llmfoundry.inference.sampling import (
     position_limit,
     sampling_options,
 )
+from llmfoundry.loading import load_model
 
 CHATML_END = "<|im_end|>"
 USER_PROMPT = "User: "
@@ -37,8 +41,6 @@ class ChatTemplate:
     """Renders a message list into the prompt text for the next assistant turn."""
 
     def __init__(self, tokenizer, template: str | None = None):
-        from llmfoundry.data.finetuning import CHATML_TEMPLATE
-
         self.tokenizer = tokenizer
         self.template = template or getattr(tokenizer, "chat_template", None) or CHATML_TEMPLATE
         self.is_chatml = self.template == CHATML_TEMPLATE
@@ -51,13 +53,7 @@ class ChatTemplate:
         )
 
 
-def _streamer_base():
-    from transformers.generation import BaseStreamer
-
-    return BaseStreamer
-
-
-class TerminalStreamer(_streamer_base()):
+class TerminalStreamer(BaseStreamer):
     """A transformers streamer that prints an answer as its tokens arrive and notices stop strings.
 
     Text is decoded from all answer tokens so far (so multi-byte characters come out whole); a tail that could
@@ -168,16 +164,13 @@ class ChatSession:
             max_new_tokens=room,
             attention_mask=torch.ones_like(input_ids),
             streamer=self.streamer,
-            stopping_criteria=[StopWhenStreamerStops(self.streamer)],
+            stopping_criteria=StoppingCriteriaList([StopWhenStreamerStops(self.streamer)]),
             eos_token_id=self._eos_ids(),
             pad_token_id=self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None
             else self.tokenizer.eos_token_id,
             use_cache=True,
             **sampling_options(self.args.temperature, self.args.top_p, self.args.top_k, self.args.repetition_penalty),
         )  # fmt: skip
-        from transformers import StoppingCriteriaList
-
-        options["stopping_criteria"] = StoppingCriteriaList(options["stopping_criteria"])
         with torch.no_grad():
             self.model.generate(input_ids, **options)
         self.streamer.end()
@@ -220,8 +213,6 @@ class ChatSession:
 def _read_template(value: str | None) -> str | None:
     if value is None:
         return None
-    from pathlib import Path
-
     path = Path(value)
     if path.is_file():
         return path.read_text()

@@ -14,13 +14,13 @@ from pathlib import Path
 import torch
 
 from llmfoundry.core.errors import ConfigError
-from llmfoundry.loading import load_model
 from llmfoundry.inference.sampling import (
     add_sampling_arguments,
     check_room,
     check_sampling_arguments,
     sampling_options,
 )
+from llmfoundry.loading import load_model
 
 
 def generate_ids(model, tokenizer, prompts: list[str], *, max_new_tokens: int, temperature: float = 0.0,

@@ -22,6 +22,7 @@ our batched scorer, which shares the key/value cache of requests with the same c
 
 from __future__ import annotations
 
+import sys
 import warnings
 from typing import Any
 
@@ -32,9 +33,9 @@ try:
 except ImportError as error:  # pragma: no cover - exercised only without the extra
     raise ImportError("the lm-eval adapter needs lm-evaluation-harness: pip install 'llmfoundry[eval]'") from error
 
-from llmfoundry.loading import load_model
 from llmfoundry.eval.icl.scoring import generate_greedy, run_scoring, supports_kv_cache, supports_packed
 from llmfoundry.eval.icl.tasks import Sequence
+from llmfoundry.loading import load_model
 
 
 class LLMFoundryLM(LM):
@@ -175,8 +176,6 @@ def register() -> None:
 def main(argv: list[str] | None = None) -> int:
     """``python -m llmfoundry.inference.lm_eval_adapter [lm-eval arguments]``: lm-eval's command line, with
     ``--model llmfoundry`` registered first."""
-    import sys
-
     register()
     from lm_eval.__main__ import cli_evaluate
 

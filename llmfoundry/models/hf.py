@@ -1,6 +1,6 @@
 """`model.name: hf_causal_lm`: any transformers AutoModelForCausalLM behind the trainer's model interface.
 
-The wrapper adds what the trainer relies on (``flops_per_token``, ``blocks``, ``sequence_id``) and optionally
+The wrapper adds what the trainer relies on (the ``CausalLM`` protocol of models/interface.py) and optionally
 wraps the model in LoRA adapters through the ``peft`` library. Packed documents (``sequence_id``) become
 position ids that restart at each document; transformers reads such position ids as packed sequences and keeps
 the documents from attending to each other.
@@ -13,9 +13,12 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM
 
-from llmfoundry.core.errors import ConfigError, did_you_mean, first_line
 from llmfoundry.config.fields import option
+from llmfoundry.core.errors import ConfigError, did_you_mean, first_line
+from llmfoundry.models.layers.positional import segment_positions
+from llmfoundry.models.mpt import MPTConfig, MPTForCausalLM  # importing it lets the Auto classes open our MPT
 from llmfoundry.registry import models
 
 
@@ -64,8 +67,6 @@ class HFCausalLM(nn.Module):
         position_ids: torch.Tensor | None = None,
         **kwargs,
     ):
-        from llmfoundry.models.mpt.model import MPTForCausalLM
-
         if sequence_id is not None:
             if isinstance(self.base_model, MPTForCausalLM):
                 kwargs["sequence_id"] = sequence_id
@@ -76,7 +77,7 @@ class HFCausalLM(nn.Module):
                 # becomes a segment of its own, attends only to itself and carries no labels.
                 if attention_mask is not None and bool(((attention_mask == 0) != (sequence_id < 0)).any()):
                     raise ValueError("hf_causal_lm: sequence_id cannot be combined with padding in attention_mask")
-                position_ids = positions_from_sequence_id(sequence_id)
+                position_ids = segment_positions(sequence_id)
                 # transformers detects packed sequences only without a padding mask and without a cache
                 attention_mask = None
                 if past_key_values is not None or use_cache:
@@ -101,6 +102,9 @@ class HFCausalLM(nn.Module):
     def save_pretrained(self, *args, **kwargs):
         return self.hf_model.save_pretrained(*args, **kwargs)
 
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.base_model.get_input_embeddings()
+
     def blocks(self) -> list[nn.Module]:
         """The decoder layers: the modules transformers itself never splits across devices."""
         base = self.base_model
@@ -118,16 +122,6 @@ class HFCausalLM(nn.Module):
         layers = getattr(config, "num_hidden_layers", None) or len(self.blocks())
         hidden = getattr(config, "hidden_size", 0)
         return 6.0 * n + 12.0 * layers * hidden * seq_len
-
-
-def positions_from_sequence_id(sequence_id: torch.Tensor) -> torch.Tensor:
-    """(B, T) document ids -> positions counted from each document's first token."""
-    B, T = sequence_id.shape
-    idx = torch.arange(T, device=sequence_id.device).expand(B, T)
-    starts = torch.ones_like(sequence_id, dtype=torch.bool)
-    starts[:, 1:] = sequence_id[:, 1:] != sequence_id[:, :-1]
-    doc_start = torch.where(starts, idx, torch.zeros_like(idx)).cummax(dim=-1).values
-    return idx - doc_start
 
 
 def _apply_overrides(config, overrides: dict[str, Any], prefix: str = "model.config_overrides") -> None:
@@ -169,10 +163,6 @@ OUR_MPT_ATTN = {"eager": "torch", "sdpa": "sdpa", "flash_attention_2": "flash"}
 
 
 def load_hf_causal_lm(settings: HFModelSettings, tokenizer=None) -> HFCausalLM:
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from llmfoundry.models.mpt import MPTConfig  # also lets the Auto classes open our own MPT folders
-
     attn = settings.attn_implementation
     if settings.use_flash_attention_2:
         if attn not in (None, "flash_attention_2"):

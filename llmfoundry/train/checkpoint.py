@@ -39,8 +39,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from llmfoundry.core.errors import ConfigError, first_line
 from llmfoundry.core import dist
+from llmfoundry.core.errors import ConfigError, first_line
 
 LATEST = "latest"
 CONFIG_FILE = "config.yaml"

@@ -33,7 +33,7 @@ class Checkpointer:
         self.remote = objectstore.is_remote(save_folder)
         self.uploader: uploads.Uploader | None = None
         if self.remote:
-            self.staging = objectstore.staging_root(save_folder, upload_cfg.staging_folder if upload_cfg else None)
+            self.staging = remote_staging(save_folder, upload_cfg)
             kwargs = {}
             if upload_cfg is not None:
                 kwargs = dict(timeout_s=upload_cfg.timeout_s, initial_backoff_s=upload_cfg.initial_backoff_s,
@@ -112,6 +112,7 @@ def fetch(url: str, name: str, staging: Path) -> str:
 
 
 def remote_staging(path: str, upload_cfg=None) -> Path:
+    """The local folder for files of the URL ``path``: checkpoint_upload.staging_folder when set."""
     return objectstore.staging_root(path, upload_cfg.staging_folder if upload_cfg is not None else None)
 
 

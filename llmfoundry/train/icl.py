@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from llmfoundry.eval.config import load_gauntlet
+from llmfoundry.eval.gauntlet import compute_gauntlet, gauntlet_table, tasks_table
+from llmfoundry.eval.runner import ICLEvaluator
 from llmfoundry.train.recipe import TrainConfig
 
 
@@ -11,9 +14,6 @@ class TrainingICL:
     """The recipe's icl_tasks (and eval_gauntlet), prepared once with the run's tokenizer."""
 
     def __init__(self, cfg: TrainConfig, tokenizer):
-        from llmfoundry.eval.config import load_gauntlet
-        from llmfoundry.eval.runner import ICLEvaluator
-
         self.evaluator = ICLEvaluator(
             cfg.icl_tasks, tokenizer, batch_size=cfg.device_eval_batch_size,
             max_seq_len=cfg.icl_seq_len or cfg.max_seq_len, precision=cfg.precision,
@@ -23,17 +23,10 @@ class TrainingICL:
 
     @classmethod
     def from_config(cls, cfg: TrainConfig, tokenizer) -> "TrainingICL | None":
-        if not cfg.icl_tasks:
-            if cfg.eval_gauntlet is not None:
-                from llmfoundry.core.errors import ConfigError
-
-                raise ConfigError("eval_gauntlet: needs icl_tasks (the gauntlet averages ICL task accuracies)")
-            return None
-        return cls(cfg, tokenizer)
+        """None without icl_tasks (validation has made sure that an eval_gauntlet comes with them)."""
+        return cls(cfg, tokenizer) if cfg.icl_tasks else None
 
     def evaluate(self, model: torch.nn.Module, device: torch.device) -> dict[str, float]:
-        from llmfoundry.eval.gauntlet import compute_gauntlet
-
         metrics = self.evaluator.evaluate(model, device)
         if self.gauntlet is not None:
             metrics.update(compute_gauntlet(metrics, self.gauntlet, self.evaluator.sample_counts()))
@@ -41,8 +34,6 @@ class TrainingICL:
 
     def tables(self, metrics: dict[str, float], run_name: str) -> str:
         """Markdown: per-task accuracies, then the gauntlet scores when there is a gauntlet."""
-        from llmfoundry.eval.gauntlet import gauntlet_table, tasks_table
-
         text = tasks_table(metrics, run_name)
         if self.gauntlet is not None:
             text += "\n\n" + gauntlet_table({run_name: metrics})

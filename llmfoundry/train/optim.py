@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from llmfoundry.core.errors import ConfigError
 from llmfoundry.config.checks import Betas, NonNegativeFloat, PositiveFloat
 from llmfoundry.config.fields import option
+from llmfoundry.core.errors import ConfigError
 from llmfoundry.registry import optimizers
 
 

@@ -1,7 +1,8 @@
 """Parallelism applied from outside the model: activation checkpointing, torch.compile, FSDP2 or DDP.
 
 Order (per block, then the root): activation checkpointing -> torch.compile -> ``fully_shard``. Models expose
-their transformer blocks through ``model.blocks()``; a model without it is sharded as one unit.
+their transformer blocks through ``model.blocks()`` (the CausalLM protocol); a model whose list is empty is
+compiled and sharded as one unit.
 
 ``fsdp_config`` maps onto FSDP2 like this:
 
@@ -11,7 +12,8 @@ SHARD_GRAD_OP          ``reshard_after_forward=False`` (parameters stay gathered
 HYBRID_SHARD           2-D mesh (replicate, shard): shard within data_parallel_shard_degree ranks (one node)
 _HYBRID_SHARD_ZERO2    HYBRID_SHARD with ``reshard_after_forward=False``
 NO_SHARD               2-D mesh (world, 1): every rank holds everything, gradients are all-reduced
-mixed_precision        ``MixedPrecisionPolicy(param_dtype, reduce_dtype)``
+mixed_precision        ``MixedPrecisionPolicy(param_dtype, reduce_dtype)`` (a mapping's keys and dtype names are
+                       checked when the recipe is validated, see settings.FSDPConfig)
 cpu_offload            ``CPUOffloadPolicy()``
 =====================  ==================================================================================
 
@@ -31,19 +33,16 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.checkpoint import checkpoint
 
 from llmfoundry.core.errors import ConfigError
+from llmfoundry.core.precision import DTYPES, low_dtype
 from llmfoundry.train.settings import CompileConfig, FSDPConfig
 
 log = logging.getLogger(__name__)
-
-DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-          "fp16": torch.float16, "float16": torch.float16}
-
-
-def blocks_of(model: nn.Module) -> list[nn.Module]:
-    blocks = getattr(model, "blocks", None)
-    return list(blocks()) if callable(blocks) else []
 
 
 def is_meta(model: nn.Module) -> bool:
@@ -53,8 +52,6 @@ def is_meta(model: nn.Module) -> bool:
 # ----------------------------------------------------------------------------------------------- per block
 def apply_activation_checkpointing(block: nn.Module, reentrant: bool) -> None:
     """Recompute ``block``'s forward during backward. Parameter names are unchanged (no wrapper module)."""
-    from torch.utils.checkpoint import checkpoint
-
     forward = block.forward
 
     @functools.wraps(forward)
@@ -81,28 +78,13 @@ def apply_compile(block: nn.Module, cfg: CompileConfig) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- FSDP2
-def _low_dtype(precision: str) -> torch.dtype | None:
-    return {"amp_bf16": torch.bfloat16, "bf16": torch.bfloat16, "amp_fp16": torch.float16}.get(precision)
-
-
-def mixed_precision_policy(cfg: FSDPConfig, precision: str):
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
+def mixed_precision_policy(cfg: FSDPConfig, precision: str) -> MixedPrecisionPolicy:
     mp = cfg.mixed_precision
-    low = _low_dtype(precision)
-    if isinstance(mp, dict):
-        unknown = set(mp) - {"param_dtype", "reduce_dtype", "buffer_dtype"}
-        if unknown:
-            raise ConfigError(f"fsdp_config.mixed_precision: unknown key '{sorted(unknown)[0]}' "
-                              "(use param_dtype, reduce_dtype, buffer_dtype)")
-        dtypes = {}
-        for key, value in mp.items():
-            if value not in DTYPES:
-                raise ConfigError(f"fsdp_config.mixed_precision.{key}: '{value}' is not a dtype "
-                                  "(use fp32, bf16 or fp16)")
-            dtypes[key] = DTYPES[value]
+    if isinstance(mp, dict):  # its keys and dtype names were checked when the recipe was validated
+        dtypes = {key: DTYPES[name] for key, name in mp.items()}
         # FSDP2 casts parameters, never buffers: buffer_dtype is accepted for llm-foundry recipes (documented).
         return MixedPrecisionPolicy(param_dtype=dtypes.get("param_dtype"), reduce_dtype=dtypes.get("reduce_dtype"))
+    low = low_dtype(precision)
     if mp == "FULL" or low is None:
         return MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
     if mp == "PURE":
@@ -112,8 +94,6 @@ def mixed_precision_policy(cfg: FSDPConfig, precision: str):
 
 def device_mesh(cfg: FSDPConfig, device: torch.device, world_size: int):
     """A 1-D mesh for FULL_SHARD / SHARD_GRAD_OP; a 2-D (replicate, shard) mesh for the hybrid strategies."""
-    from torch.distributed.device_mesh import init_device_mesh
-
     strategy = cfg.sharding_strategy
     if strategy in ("FULL_SHARD", "SHARD_GRAD_OP"):
         return init_device_mesh(device.type, (world_size,))
@@ -139,14 +119,12 @@ def apply_fsdp(model: nn.Module, cfg: FSDPConfig, precision: str, device: torch.
     """fully_shard each block, then the root. A meta-device model whose class has a per-module initialiser
     (``_init_weights``) is materialised one block at a time just before that block is sharded, so a rank never
     holds more than its shards plus one full block; other meta models are initialised after sharding."""
-    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
-
     reshard = cfg.sharding_strategy in ("FULL_SHARD", "HYBRID_SHARD")
     if cfg.reshard_after_forward is not None:
         reshard = cfg.reshard_after_forward
     kwargs = dict(mesh=device_mesh(cfg, device, world_size), mp_policy=mixed_precision_policy(cfg, precision),
                   offload_policy=CPUOffloadPolicy() if cfg.cpu_offload else OffloadPolicy())
-    blocks = blocks_of(model)
+    blocks = model.blocks()
     init_module = _module_init(model) if is_meta(model) else None
     in_blocks = {id(m) for block in blocks for m in block.modules()}
     with torch.random.fork_rng(devices=[]):
@@ -179,18 +157,19 @@ def _materialize_modules(modules, device: torch.device, init_module) -> None:
 # ----------------------------------------------------------------------------------------------- entry point
 def parallelize(model: nn.Module, *, fsdp: FSDPConfig | None, compile_cfg: CompileConfig | None, precision: str,
                 device: torch.device, world_size: int, seed: int) -> nn.Module:
-    """Apply activation checkpointing, compile, FSDP2/DDP; materialise a meta model. Returns the module to call.
+    """Apply activation checkpointing, compile, FSDP2/DDP to ``model`` (a models.interface.CausalLM); materialise
+    a meta model. Returns the module to call.
 
     With FSDP2 the returned module *is* ``model`` (sharded in place); with DDP it wraps ``model``.
     """
-    blocks = blocks_of(model)
+    blocks = model.blocks()
     if fsdp is not None and fsdp.cpu_offload and device.type != "cuda":
         raise ConfigError(f"fsdp_config.cpu_offload: offloads GPU memory to the CPU; this run is on {device.type} "
                           "(set it to false)")
     if fsdp is not None and fsdp.activation_checkpointing:
         if not blocks:
-            raise ConfigError("fsdp_config.activation_checkpointing: the model has no blocks() to checkpoint "
-                              "(set it to false)")
+            raise ConfigError("fsdp_config.activation_checkpointing: the model's blocks() is empty, there is "
+                              "nothing to checkpoint (set it to false)")
         for block in blocks:
             apply_activation_checkpointing(block, fsdp.activation_checkpointing_reentrant)
     if compile_cfg is not None:
@@ -206,8 +185,6 @@ def parallelize(model: nn.Module, *, fsdp: FSDPConfig | None, compile_cfg: Compi
         if meta:
             materialize(model, device, seed)
             meta = False
-        from torch.nn.parallel import DistributedDataParallel
-
         device_ids = [device.index] if device.type == "cuda" else None
         wrapped = DistributedDataParallel(model, device_ids=device_ids)
     else:

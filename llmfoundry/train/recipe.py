@@ -13,14 +13,26 @@ from llmfoundry import registry
 from llmfoundry.config.checks import LogLevel, PositiveFloat, PositiveInt
 from llmfoundry.config.fields import option
 from llmfoundry.config.validate import Check, Component, Registered, RegisteredMap, to_plain, validate
+from llmfoundry.core import objectstore
+from llmfoundry.core.errors import ConfigError
+from llmfoundry.core.timeunits import Time, check_time
+from llmfoundry.data.prep.quickstart import PrepareDataConfig
 from llmfoundry.eval.config import GauntletConfig, ICLTaskConfig
 from llmfoundry.train.settings import CheckpointUploadConfig, CompileConfig, FSDPConfig
-from llmfoundry.core.timeunits import check_time
-from llmfoundry.data.prep.quickstart import PrepareDataConfig
 
 __all__ = ["TrainConfig", "TokenizerConfig", "PrepareDataConfig", "validate", "to_plain", "Component"]
 
-TimeString = Annotated[str | int, Check(check_time)]
+# A time string, or a bare int meaning epochs (as llm-foundry recipes write them).
+Interval = Annotated[str | int, Check(check_time)]
+
+
+def _check_duration(text: str | int) -> None:
+    """A time string, and not in dur: max_duration is what "dur" is a fraction of."""
+    if Time.parse(text).unit == "dur":
+        raise ValueError("cannot be given in dur (use ba, ep, tok or sp)")
+
+
+Duration = Annotated[str | int, Check(_check_duration)]
 
 
 @dataclass(kw_only=True)
@@ -48,7 +60,7 @@ class TrainConfig:
         default_factory=dict, doc="training algorithms by name, e.g. gradient_clipping"
     )
     # --- how long, how big ---
-    max_duration: TimeString = option(doc="training length: e.g. 4800ba, 1ep, 2000000tok")
+    max_duration: Duration = option(doc="training length: e.g. 4800ba, 1ep, 2000000tok")
     global_train_batch_size: PositiveInt = option(doc="samples per optimizer step, summed over all ranks")
     device_train_microbatch_size: PositiveInt | Literal["auto"] = option(
         "auto", "samples per forward/backward on one device; gradients accumulate up to the batch ('auto' = "
@@ -60,7 +72,7 @@ class TrainConfig:
     )
     seed: int = option(17, "random seed for weights, data order and dropout")
     # --- evaluation ---
-    eval_interval: TimeString = option("1ep", "how often to evaluate, e.g. 500ba")
+    eval_interval: Interval = option("1ep", "how often to evaluate, e.g. 500ba")
     eval_first: bool = option(False, "evaluate before the first training batch")
     eval_subset_num_batches: int = option(-1, "evaluate on at most this many batches (-1 = all)")
     icl_tasks: list[ICLTaskConfig] | str | None = option(
@@ -89,11 +101,11 @@ class TrainConfig:
     )
     progress_bar: bool = option(True, "show a progress bar")
     log_to_console: bool = option(True, "print metrics to the console")
-    console_log_interval: TimeString = option("1ba", "how often to print metrics")
+    console_log_interval: Interval = option("1ba", "how often to print metrics")
     python_log_level: LogLevel | None = option(None, "level of Python logging for llmfoundry (debug, info, ...)")
     # --- checkpoints ---
     save_folder: str | None = option(None, "where checkpoints go (local folder or s3://bucket/path)")
-    save_interval: TimeString = option("1000ba", "how often to save a checkpoint")
+    save_interval: Interval = option("1000ba", "how often to save a checkpoint")
     save_num_checkpoints_to_keep: int = option(-1, "keep the newest N checkpoints (-1 = all)")
     save_overwrite: bool = option(False, "allow overwriting checkpoints already in save_folder")
     save_weights_only: bool = option(False, "save model weights only (no optimizer state; resuming restarts the optimizer)")
@@ -139,3 +151,19 @@ class TrainConfig:
         None, "derived by llm-foundry", unsupported="setting device_train_grad_accum (set device_train_microbatch_size)"
     )
     n_gpus: int | None = option(None, "derived by llm-foundry", unsupported="setting n_gpus (it is the world size)")
+
+    def check_settings(self, path: str) -> list[str]:
+        """Keys that need one another, and store URLs we cannot use, reported before anything is built."""
+        prefix = f"{path}." if path else ""
+        problems = []
+        for key, url in (("save_folder", self.save_folder), ("load_path", self.load_path)):
+            if objectstore.is_remote(url):
+                try:
+                    objectstore.check_url(url, prefix + key)
+                except ConfigError as error:
+                    problems.append(str(error))
+        if self.autoresume and not self.save_folder:
+            problems.append(f"{prefix}autoresume: needs save_folder (the folder to resume from)")
+        if self.eval_gauntlet is not None and not self.icl_tasks:
+            problems.append(f"{prefix}eval_gauntlet: needs icl_tasks (the gauntlet averages ICL task accuracies)")
+        return problems

@@ -1,6 +1,7 @@
 """Learning-rate schedules by name, as multipliers of the peak learning rate over batches.
 
-Times (t_warmup, t_max, ...) are time strings converted to batches by the trainer (see timeunits.py).
+Times (t_warmup, t_max, ...) are time strings, checked when the recipe is validated and converted to batches
+by the trainer (see core/timeunits.py).
 """
 
 from __future__ import annotations
@@ -9,40 +10,40 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from llmfoundry.config.checks import NonNegativeFloat
+from llmfoundry.config.checks import NonNegativeFloat, TimeString
 from llmfoundry.config.fields import option
-from llmfoundry.registry import schedulers
 from llmfoundry.core.timeunits import Rates
+from llmfoundry.registry import schedulers
 
 Multiplier = Callable[[int], float]  # batch index -> lr multiplier
 
 
 @dataclass
 class CosineSettings:
-    t_warmup: str = option("0ba", "linear warmup length")
-    t_max: str = option("1dur", "end of the cosine decay")
+    t_warmup: TimeString = option("0ba", "linear warmup length")
+    t_max: TimeString = option("1dur", "end of the cosine decay")
     alpha_f: NonNegativeFloat = option(0.0, "final learning rate as a fraction of the peak")
 
 
 @dataclass
 class LinearSettings:
-    t_warmup: str = option("0ba", "linear warmup length")
-    t_max: str = option("1dur", "end of the linear decay")
+    t_warmup: TimeString = option("0ba", "linear warmup length")
+    t_max: TimeString = option("1dur", "end of the linear decay")
     alpha_i: NonNegativeFloat = option(1.0, "multiplier at the end of warmup")
     alpha_f: NonNegativeFloat = option(0.0, "final multiplier")
 
 
 @dataclass
 class ConstantSettings:
-    t_warmup: str = option("0ba", "linear warmup length")
+    t_warmup: TimeString = option("0ba", "linear warmup length")
     alpha: NonNegativeFloat = option(1.0, "multiplier after warmup")
 
 
 @dataclass
 class InvSqrtSettings:
-    t_warmup: str = option("0ba", "linear warmup length")
-    t_scale: str = option("1ba", "time scale of the 1/sqrt decay after warmup")
-    t_cooldown: str = option("0ba", "linear cooldown to alpha_f at the end of training")
+    t_warmup: TimeString = option("0ba", "linear warmup length")
+    t_scale: TimeString = option("1ba", "time scale of the 1/sqrt decay after warmup")
+    t_cooldown: TimeString = option("0ba", "linear cooldown to alpha_f at the end of training")
     alpha_f: NonNegativeFloat = option(0.0, "final multiplier after cooldown")
 
 

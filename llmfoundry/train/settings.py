@@ -1,7 +1,7 @@
 """Config sections of the trainer's parallelism and checkpoint upload (llm-foundry's key names).
 
-Kept free of torch imports so that validating a recipe stays cheap. The code that applies these settings lives in
-parallel.py (FSDP2/DDP/compile) and checkpoint.py / remote.py (uploads).
+The code that applies these settings lives in parallel.py (FSDP2/DDP/compile) and checkpointer.py / uploads.py
+(staging and background upload to an s3:// save_folder).
 """
 
 from __future__ import annotations
@@ -10,8 +10,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from llmfoundry.config.fields import option
+from llmfoundry.core.precision import DTYPES
 
 _NO_FSDP2 = "accepted for llm-foundry recipes; no FSDP2 meaning, ignored"
+MIXED_PRECISION_KEYS = ("param_dtype", "reduce_dtype", "buffer_dtype")
 
 
 @dataclass(kw_only=True)
@@ -65,6 +67,19 @@ class FSDPConfig:
     verbose: bool = option(False, _NO_FSDP2)
     auto_wrap: bool = option(True, f"{_NO_FSDP2} (blocks are always wrapped, then the root)")
     activation_checkpointing_fn: str | None = option(None, f"{_NO_FSDP2} (every block is checkpointed)")
+
+    def check_settings(self, path: str) -> list[str]:
+        """A mixed_precision mapping names known keys and dtypes, so that parallel.py can use it as it is."""
+        if not isinstance(self.mixed_precision, dict):
+            return []
+        where = f"{path}.mixed_precision" if path else "mixed_precision"
+        problems = []
+        for key, name in self.mixed_precision.items():
+            if key not in MIXED_PRECISION_KEYS:
+                problems.append(f"{where}.{key}: unknown key (use {', '.join(MIXED_PRECISION_KEYS)})")
+            elif name not in DTYPES:
+                problems.append(f"{where}.{key}: '{name}' is not a dtype (use one of {', '.join(DTYPES)})")
+        return problems
 
 
 @dataclass(kw_only=True)

@@ -1,8 +1,9 @@
 """The training loop: microbatches with gradient accumulation, clipping, evaluation, logging and checkpoints.
 
-The trainer knows models only through a small interface (forward returns logits; optional
-``supports_sequence_id``, ``flops_per_token``, ``blocks``); parallelism, precision and checkpointing are applied
-here, from outside the model.
+The trainer knows models only through the ``CausalLM`` protocol (llmfoundry.models.interface: forward returns
+logits; ``supports_sequence_id``, ``get_input_embeddings``, ``blocks``, ``flops_per_token``); parallelism,
+precision and checkpointing are applied here, from outside the model. The loss is llmfoundry.models.loss's,
+summed per microbatch and divided by the target tokens of the whole global batch.
 """
 
 from __future__ import annotations
@@ -15,14 +16,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from llmfoundry import registry
-from llmfoundry.core.errors import ConfigError
-from llmfoundry.train.recipe import TrainConfig, to_plain
-from llmfoundry.data.text import check_token_ids
+from llmfoundry.config.secrets import mask_secrets
 from llmfoundry.core import dist, precision
+from llmfoundry.core.errors import ConfigError
+from llmfoundry.core.timeunits import Rates
+from llmfoundry.data.prep.quickstart import prepare
+from llmfoundry.data.text import check_token_ids
+from llmfoundry.models.loss import causal_lm_loss, count_target_tokens
 from llmfoundry.train import checkpoint, checkpointer, parallel
 from llmfoundry.train.builders import (
     build_dataloader,
@@ -32,8 +35,9 @@ from llmfoundry.train.builders import (
     build_schedule,
     build_tokenizer,
 )
+from llmfoundry.train.errors import TrainingStopped
 from llmfoundry.train.icl import TrainingICL
-from llmfoundry.core.timeunits import Rates, Time
+from llmfoundry.train.recipe import TrainConfig, to_plain
 
 log = logging.getLogger(__name__)
 
@@ -57,17 +61,6 @@ class EvalHistory:
     losses: list[tuple[int, float]] = field(default_factory=list)  # (batch, eval loss)
 
 
-def causal_lm_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Summed next-token cross-entropy; position t predicts labels[t + 1]; -100 labels are ignored."""
-    vocab = logits.size(-1)
-    return F.cross_entropy(logits[:, :-1].reshape(-1, vocab).float(), labels[:, 1:].reshape(-1),
-                           ignore_index=-100, reduction="sum")
-
-
-def count_target_tokens(labels: torch.Tensor) -> torch.Tensor:
-    return (labels[:, 1:] != -100).sum()
-
-
 def device_batch_size(global_batch_size: int, world_size: int) -> int:
     """Samples per rank and step; the global batch must split evenly across ranks."""
     if global_batch_size % world_size:
@@ -76,15 +69,9 @@ def device_batch_size(global_batch_size: int, world_size: int) -> int:
     return global_batch_size // world_size
 
 
-class TrainingStopped(RuntimeError):
-    """Raised (by the trainer or a callback such as loss_spike_guard) to stop training with a clear message."""
-
-
 class Trainer:
     def __init__(self, cfg: TrainConfig, config_plain: dict[str, Any] | None = None):
         self.cfg = cfg
-        from llmfoundry.config.secrets import mask_secrets
-
         # What is logged and saved next to checkpoints: never with tokens, keys or passwords in it.
         self.config_plain = mask_secrets(config_plain if config_plain is not None else to_plain(cfg))
         self.dist = dist.init_distributed(cfg.dist_timeout)
@@ -103,8 +90,6 @@ class Trainer:
         # auto: the whole device batch, halved on a CUDA out-of-memory error (see train_step)
         self.auto_microbatch = micro == "auto"
         self.microbatch_size = self.device_batch_size if micro == "auto" else micro
-        if self.microbatch_size < 1:
-            raise ConfigError("device_train_microbatch_size: must be at least 1")
 
         model = build_model(cfg, self.tokenizer)
         if parallel.is_meta(model):  # materialised after sharding, on this rank's device
@@ -114,7 +99,8 @@ class Trainer:
         self.parallel_model = parallel.parallelize(
             self.model, fsdp=cfg.fsdp_config, compile_cfg=cfg.compile_config, precision=cfg.precision,
             device=self.device, world_size=world, seed=cfg.seed)
-        self.vocab_size = self._vocab_size(self.model)
+        # every token id of a batch must be below it (see _check_token_ids)
+        self.vocab_size = self.model.get_input_embeddings().num_embeddings
         self.optimizer = build_optimizer(cfg, self.model)
         self.scaler = precision.grad_scaler(cfg.precision, self.device)
         self.algorithms = build_named(registry.algorithms, cfg.algorithms)
@@ -139,16 +125,9 @@ class Trainer:
 
     # ----- set-up -----
     def _prepare_data(self) -> None:
-        from llmfoundry.data.prep.quickstart import prepare
-
         if self.dist.is_main:
             prepare(self.cfg.prepare_data)
         dist.barrier()
-
-    @staticmethod
-    def _vocab_size(model: torch.nn.Module) -> int | None:
-        embeddings = getattr(model, "get_input_embeddings", lambda: None)()
-        return getattr(embeddings, "num_embeddings", None)
 
     def _rates(self) -> Rates:
         cfg = self.cfg
@@ -160,8 +139,6 @@ class Trainer:
             raise ConfigError(f"train_loader: the dataset has fewer samples than one batch "
                               f"({cfg.global_train_batch_size}); add data or lower global_train_batch_size")
         base = Rates(batches_per_epoch, cfg.global_train_batch_size, cfg.global_train_batch_size * cfg.max_seq_len)
-        if Time.parse(cfg.max_duration).unit == "dur":
-            raise ConfigError("max_duration: cannot be given in dur (use ba, ep, tok or sp)")
         try:
             total = base.to_batches(cfg.max_duration, "max_duration")
             rates = Rates(base.batches_per_epoch, base.samples_per_batch, base.tokens_per_batch, total)
@@ -180,9 +157,7 @@ class Trainer:
         cfg = self.cfg
         path = None
         weights_only = cfg.load_weights_only
-        if cfg.autoresume:
-            if not cfg.save_folder:
-                raise ConfigError("autoresume: needs save_folder (the folder to resume from)")
+        if cfg.autoresume:  # validation made sure that save_folder is set
             latest = self.checkpointer.latest()
             if latest is not None:
                 path, weights_only = latest, False
@@ -335,7 +310,7 @@ class Trainer:
                     parallel.activation_offload(cfg.fsdp_config, self.device):
                 with precision.autocast(cfg.precision, self.device):
                     logits = self.parallel_model(**self._model_inputs(micro)).logits
-                micro_loss = causal_lm_loss_sum(logits, micro["labels"])
+                micro_loss = causal_lm_loss(logits, micro["labels"], reduction="sum")
                 # Normalise by the tokens of the whole global batch; DDP/FSDP average over ranks, so undo that.
                 scaled = micro_loss * self.dist.world_size / targets.clamp(min=1)
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
@@ -346,14 +321,13 @@ class Trainer:
         inputs = {"input_ids": batch["input_ids"]}
         if "attention_mask" in batch:
             inputs["attention_mask"] = batch["attention_mask"]
-        if "sequence_id" in batch and getattr(self.model, "supports_sequence_id", False):
+        if "sequence_id" in batch and self.model.supports_sequence_id:
             inputs["sequence_id"] = batch["sequence_id"]
         return inputs
 
     def _check_token_ids(self, batch: dict[str, torch.Tensor]) -> None:
         """A token id the embedding cannot look up is a data/model mismatch, not an IndexError deep in a kernel."""
-        if self.vocab_size is not None:
-            check_token_ids(batch, self.vocab_size)
+        check_token_ids(batch, self.vocab_size)
 
     @torch.no_grad()
     def evaluate(self, log: bool = True) -> dict[str, float]:
@@ -384,7 +358,7 @@ class Trainer:
             batch = {k: v.to(self.device) for k, v in batch.items()}
             with precision.autocast(self.cfg.precision, self.device):
                 logits = self.model(**self._model_inputs(batch)).logits
-            loss_sum += causal_lm_loss_sum(logits, batch["labels"]).double()
+            loss_sum += causal_lm_loss(logits, batch["labels"], reduction="sum").double()
             tokens += count_target_tokens(batch["labels"]).double()
         loss = float(dist.all_reduce_sum(loss_sum) / dist.all_reduce_sum(tokens).clamp(min=1))
         metrics = {"metrics/eval/LanguageCrossEntropy": loss,

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from llmfoundry.core.errors import ConfigError
 from llmfoundry.config.load import load_config
+from llmfoundry.core.errors import ConfigError
+from llmfoundry.train.recipe import TrainConfig, validate
 
 RECIPE = """\
 variables:
@@ -90,10 +93,6 @@ def test_unresolvable_interpolation_names_the_key(recipe):
 
 def test_values_out_of_range_are_all_reported_before_anything_is_built():
     """The quickstart recipe with several impossible values: one error listing each key, raised by validation."""
-    from pathlib import Path
-
-    from llmfoundry.train.recipe import TrainConfig, validate
-
     recipe = Path(__file__).resolve().parents[2] / "yamls" / "quickstart.yaml"
     overrides = ["optimizer.lr=-1", "optimizer.betas=[0.9,1.5]", "scheduler.alpha_f=-2", "max_seq_len=0",
                  "python_log_level=bogus", "device_train_microbatch_size=0", "model.d_model=130"]  # fmt: skip

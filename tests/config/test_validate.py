@@ -7,11 +7,11 @@ from typing import Annotated, Literal
 
 import pytest
 
-from llmfoundry.core.errors import ConfigError
 from llmfoundry.config.fields import option
 from llmfoundry.config.validate import Check, Component, Registered, RegisteredMap, validate
-from llmfoundry.registry import Registry
+from llmfoundry.core.errors import ConfigError
 from llmfoundry.core.timeunits import check_time
+from llmfoundry.registry import Registry
 
 widgets = Registry("widgets")
 

@@ -7,12 +7,9 @@ import pytest
 import torch
 
 from llmfoundry.core.errors import ConfigError
-from llmfoundry.data.finetuning import (
-    IGNORE_INDEX,
-    FinetuningDatasetSettings,
-    FinetuningLoaderSettings,
-    build_finetuning_dataloader,
-)
+from llmfoundry.data.finetuning import FinetuningDatasetSettings, FinetuningLoaderSettings
+from llmfoundry.data.finetuning_loader import build_finetuning_dataloader
+from llmfoundry.data.text import IGNORE_INDEX
 
 
 def chat_jsonl(path, corpus, n=60, seed=0):

@@ -8,13 +8,10 @@ import pytest
 
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.data.text import TextDatasetSettings, TextLoaderSettings, build_text_dataloader
+from tests.helpers import S3_TEST_BUCKET as BUCKET
+from tests.helpers import batch_rows
 
 pytestmark = pytest.mark.s3
-BUCKET = "llmfoundry-test"
-
-
-def rows(batches):
-    return [tuple(r) for b in batches for r in b["input_ids"].tolist()]
 
 
 def remote_loader(remote, tokenizer, **dataset):
@@ -38,7 +35,7 @@ def test_jsonl_to_s3_mds_streams_back_and_resumes_exactly(s3_server, tmp_path, c
     keys = [o["Key"] for o in boto3.client("s3", endpoint_url=s3_server).list_objects_v2(Bucket=BUCKET)["Contents"]]
     assert "mds/train/index.json" in keys and any(k.endswith(".mds.zstd") for k in keys)
 
-    full = rows(remote_loader(remote, tokenizer))
+    full = batch_rows(remote_loader(remote, tokenizer))
     assert len(full) > 40
     first = remote_loader(remote, tokenizer)
     it = iter(first)
@@ -48,7 +45,7 @@ def test_jsonl_to_s3_mds_streams_back_and_resumes_exactly(s3_server, tmp_path, c
     resumed = remote_loader(remote, tokenizer)
     resumed.load_state_dict(state)
     assert seen == full[:20]
-    assert rows(resumed) == full[20:]
+    assert batch_rows(resumed) == full[20:]
 
 
 def test_missing_remote_prefix_is_a_config_error(s3_server, tmp_path, tokenizer, monkeypatch):

@@ -8,16 +8,13 @@ import torch
 
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.data.text import TextDatasetSettings, TextLoaderSettings, build_text_dataloader, check_token_ids
+from tests.helpers import batch_rows
 
 
 def loader(local, tokenizer, batch_size=4, drop_last=True, **dataset):
     dataset.setdefault("max_seq_len", 32)
     settings = TextLoaderSettings(dataset=TextDatasetSettings(local=str(local), **dataset), drop_last=drop_last)
     return build_text_dataloader(settings, tokenizer, batch_size)
-
-
-def rows(batches):
-    return [tuple(r) for b in batches for r in b["input_ids"].tolist()]
 
 
 def test_converter_writes_fixed_length_uint16_tokens(mds_folder, tokenizer):
@@ -44,12 +41,12 @@ def test_text_loader_yields_unshifted_labels_and_sequence_ids(mds_folder, tokeni
 
 
 def test_seeded_shuffle_is_deterministic_and_seed_dependent(mds_folder, tokenizer):
-    a = rows(loader(mds_folder, tokenizer, shuffle=True, shuffle_seed=3))
-    b = rows(loader(mds_folder, tokenizer, shuffle=True, shuffle_seed=3))
-    c = rows(loader(mds_folder, tokenizer, shuffle=True, shuffle_seed=4))
+    a = batch_rows(loader(mds_folder, tokenizer, shuffle=True, shuffle_seed=3))
+    b = batch_rows(loader(mds_folder, tokenizer, shuffle=True, shuffle_seed=3))
+    c = batch_rows(loader(mds_folder, tokenizer, shuffle=True, shuffle_seed=4))
     assert a == b and a != c
-    everything = rows(loader(mds_folder, tokenizer, drop_last=False, shuffle=True, shuffle_seed=3))
-    plain = rows(loader(mds_folder, tokenizer, drop_last=False))
+    everything = batch_rows(loader(mds_folder, tokenizer, drop_last=False, shuffle=True, shuffle_seed=3))
+    plain = batch_rows(loader(mds_folder, tokenizer, drop_last=False))
     assert everything != plain and sorted(everything) == sorted(plain)
 
 
@@ -63,7 +60,7 @@ def test_resume_mid_epoch_yields_exactly_the_remaining_batches(mds_folder, token
     assert state["sample_in_epoch"] == 12
     resumed = loader(mds_folder, tokenizer, shuffle=True, shuffle_seed=7)
     resumed.load_state_dict(state)
-    assert rows(resumed) == rows(full[3:])
+    assert batch_rows(resumed) == batch_rows(full[3:])
 
 
 def test_missing_mds_folder_is_a_config_error(tmp_path, tokenizer):

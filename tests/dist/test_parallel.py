@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from conftest import REPO, checkpoint_weights, losses, run_job, torchrun_args
+from llmfoundry.train import uploads
+from tests.dist.helpers import REPO, checkpoint_weights, losses, run_job, torchrun_args
 
 pytestmark = pytest.mark.dist
 
@@ -37,8 +38,6 @@ def test_fsdp_and_ddp_on_two_ranks_follow_the_same_loss_curve(dist_recipe, tmp_p
 
 @pytest.mark.s3
 def test_two_ranks_upload_their_shards_to_s3_before_the_checkpoint_is_complete(dist_recipe, s3_server, tmp_path):
-    from llmfoundry.train import uploads
-
     url = "s3://llmfoundry-test/dist"
     base = dist_recipe()
     # Also: a meta-device model materialised shard by shard, on a 2-D (replicate, shard) mesh.

@@ -17,8 +17,8 @@ REPO = Path(__file__).resolve().parents[2]
 def _schema_key_paths() -> set[str]:
     """Every key path the schema accepts, found by walking the dataclasses directly (independently of docs.py)."""
     from llmfoundry import registry
-    from llmfoundry.train.recipe import TrainConfig
     from llmfoundry.eval.config import EvalConfig, GauntletConfig, ICLTaskConfig
+    from llmfoundry.train.recipe import TrainConfig
 
     paths: set[str] = set()
 

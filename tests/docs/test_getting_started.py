@@ -62,6 +62,7 @@ def test_the_guide_names_the_offline_steps_in_order():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # ten commands of up to 600 s each (usually a few minutes in all)
 def test_following_getting_started_word_for_word_works_offline(tmp_path):
     work = copy_of_repository(tmp_path / "llmfoundry")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1",

@@ -1,30 +1,14 @@
-"""Fixtures for eval tests: tiny task files and tiny transformers models (random weights, nothing downloaded)."""
+"""Fixtures for eval tests: tiny transformers models (random weights, nothing downloaded); helpers: helpers.py."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 import torch
-
-TINY_DATA = Path(__file__).resolve().parents[2] / "eval" / "local_data_tiny"
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> str:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
-
-
-@pytest.fixture
-def tiny_data() -> Path:
-    return TINY_DATA
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 
 @pytest.fixture(scope="module")
 def llama(tokenizer):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     torch.manual_seed(0)
     cfg = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -37,8 +21,6 @@ def llama(tokenizer):
 
 @pytest.fixture(scope="module")
 def gpt2(tokenizer):
-    from transformers import GPT2Config, GPT2LMHeadModel
-
     torch.manual_seed(1)
     cfg = GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=4, n_positions=512)
     return GPT2LMHeadModel(cfg).eval()

@@ -8,14 +8,13 @@ import sys
 
 import torch
 import torch.distributed as dist
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+from llmfoundry.eval.runner import ICLEvaluator
+from tests.eval.test_runner import tiny_tasks
 
 
 def main(tokenizer_dir: str, out_dir: str) -> None:
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    from llmfoundry.eval.runner import ICLEvaluator
-    from tests.eval.test_runner import tiny_tasks
-
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)

@@ -5,13 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 import yaml
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from llmfoundry.cli import main as cli_main
 from llmfoundry.core.errors import ConfigError
+from llmfoundry.eval.config import load_icl_tasks
+from llmfoundry.eval.icl.data import check_task_files
 from llmfoundry.eval.icl.scoring import generate_greedy
 from llmfoundry.eval.runner import ICLEvaluator
-
-from .conftest import TINY_DATA, write_jsonl
+from tests.eval.helpers import TINY_DATA, write_jsonl
 
 QA = {"label": "qa", "dataset_uri": str(TINY_DATA / "tiny_multiplication_qa.jsonl"), "num_fewshot": [0],
       "icl_task_type": "generation_task_with_answers", "continuation_delimiter": "\nA: ",
@@ -49,9 +51,6 @@ def test_generation_kwargs_that_generate_rejects_are_a_config_error(tokenizer, l
 
 @pytest.mark.s3
 def test_a_missing_s3_task_file_names_the_task_and_uri(tokenizer, s3_server):
-    from llmfoundry.eval.icl.data import check_task_files
-    from llmfoundry.eval.config import load_icl_tasks
-
     uri = "s3://llmfoundry-test/tasks/missing.jsonl"
     task = {**QA, "label": "remote", "dataset_uri": uri}
     with pytest.raises(ConfigError) as error:
@@ -104,8 +103,6 @@ def test_missing_task_files_are_reported_before_any_model_is_loaded(tmp_path, ca
 
 def test_plot_path_without_a_gauntlet_plots_task_accuracies(tmp_path, tokenizer, capsys):
     pytest.importorskip("matplotlib")
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     torch.manual_seed(0)
     folder = tmp_path / "tiny"
     LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import logging
 import math
+from pathlib import Path
 
 import pytest
+import yaml
 
-from llmfoundry.eval.config import load_gauntlet
+from llmfoundry.core.errors import ConfigError
+from llmfoundry.eval.config import load_gauntlet, load_icl_tasks
 from llmfoundry.eval.gauntlet import compute_gauntlet, gauntlet_table, markdown_table, tasks_table
 
 GAUNTLET = {
@@ -63,8 +66,6 @@ def test_baseline_switches_and_metric_choice():
 
 
 def test_gauntlet_loads_from_a_yaml_file(tmp_path):
-    import yaml
-
     path = tmp_path / "g.yaml"
     path.write_text(yaml.safe_dump({"eval_gauntlet": GAUNTLET}))
     cfg = load_gauntlet(str(path))
@@ -73,10 +74,6 @@ def test_gauntlet_loads_from_a_yaml_file(tmp_path):
 
 
 def test_shipped_v03_gauntlet_and_task_list_are_consistent():
-    from pathlib import Path
-
-    from llmfoundry.eval.config import load_icl_tasks
-
     root = Path(__file__).resolve().parents[2] / "eval" / "yamls"
     cfg = load_gauntlet(str(root / "eval_gauntlet_v0.3.yaml"))
     tasks = {(t.label, n) for t in load_icl_tasks(str(root / "tasks_v0.3.yaml")) for n in t.num_fewshot}
@@ -124,8 +121,6 @@ def test_an_average_whose_categories_are_all_missing_is_zero():
       "averages": None}, "random_baseline: must be at least 0 and below 1"),
 ])  # fmt: skip
 def test_bad_gauntlets_are_one_line_config_errors(change, message):
-    from llmfoundry.core.errors import ConfigError
-
     with pytest.raises(ConfigError) as error:
         compute_gauntlet(METRICS, {**GAUNTLET, **change})
     assert message in str(error.value) and "\n" not in str(error.value)

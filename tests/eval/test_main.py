@@ -6,15 +6,13 @@ import json
 
 import torch
 import yaml
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from llmfoundry.cli import main as cli_main
-
-from .conftest import TINY_DATA
+from tests.eval.helpers import TINY_DATA
 
 
 def _hf_folder(tmp_path, tokenizer):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)

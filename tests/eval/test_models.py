@@ -8,14 +8,14 @@ import json
 import pytest
 import torch
 import yaml
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from llmfoundry.cli import main as cli_main
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.eval.config import load_eval_config, load_gauntlet, load_icl_tasks
-from llmfoundry.loading import load_eval_model as load_model
 from llmfoundry.eval.runner import ICLEvaluator
-
-from .conftest import TINY_DATA
+from llmfoundry.loading import load_eval_model as load_model
+from tests.eval.helpers import TINY_DATA
 
 MC = {"label": "mc", "dataset_uri": str(TINY_DATA / "tiny_arithmetic_mc.jsonl"), "icl_task_type": "multiple_choice",
       "num_fewshot": [0], "limit": 4}
@@ -23,8 +23,6 @@ MC = {"label": "mc", "dataset_uri": str(TINY_DATA / "tiny_arithmetic_mc.jsonl"),
 
 @pytest.fixture(scope="module")
 def hf_folder(tmp_path_factory, tokenizer):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     torch.manual_seed(0)
     folder = tmp_path_factory.mktemp("tiny_llama")
     LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,

@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from llmfoundry.eval.config import load_icl_tasks
+from llmfoundry.eval.runner import ICLEvaluator
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -116,9 +119,6 @@ def test_converters_on_hand_checked_rows(prep):
 
 
 def test_every_v03_task_file_but_jeopardy_builds_and_loads_as_its_task_type(prep, tmp_path, tokenizer):
-    from llmfoundry.eval.config import load_icl_tasks
-    from llmfoundry.eval.runner import ICLEvaluator
-
     failed = prep.build(tmp_path, load=fake_load)
     assert list(failed) == ["world_knowledge/jeopardy_all.jsonl"]
     tasks = [dataclasses.replace(t, dataset_uri=str(tmp_path / t.dataset_uri.removeprefix("eval/local_data/")))

@@ -10,8 +10,7 @@ from llmfoundry.core.errors import ConfigError
 from llmfoundry.eval.config import ICLTaskConfig
 from llmfoundry.eval.icl.data import read_records
 from llmfoundry.eval.icl.tasks import build_task, encode, fewshot_indices, needs_prefix_space
-
-from .conftest import write_jsonl
+from tests.eval.helpers import write_jsonl
 
 MC_ROWS = [
     {"query": "Question: What is red?\n", "choices": ["a color", "a river"], "gold": 0},

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
+from llmfoundry.config.validate import validate
 from llmfoundry.core.errors import ConfigError
-from llmfoundry.eval.config import load_icl_tasks
+from llmfoundry.eval.config import ICLTaskConfig, load_gauntlet, load_icl_tasks
+from llmfoundry.eval.icl.scoring import plan_batches
 from llmfoundry.eval.runner import ICLEvaluator
-
-from .conftest import TINY_DATA
+from tests.eval.helpers import TINY_DATA, write_jsonl
 
 
 def tiny_tasks(**overrides):
@@ -95,10 +98,6 @@ def test_subset_and_limit_bound_the_work(tokenizer, gpt2):
 ])  # fmt: skip
 def test_icl_subset_num_batches_takes_the_first_batches_in_file_order(tokenizer, gpt2, tmp_path, label, batch_size,
                                                                        batches, per_batch):
-    from llmfoundry.eval.icl.scoring import plan_batches
-
-    from .conftest import write_jsonl
-
     task = next({**t, "num_fewshot": [0]} for t in tiny_tasks() if t["label"] == label)
     if label == "mc":  # questions that grow longer down the file: sorting by length puts the last ones first
         rows = [{"query": "the cat runs " * (i + 1), "choices": ["a", "b", "c", "d"], "gold": i % 4}
@@ -131,18 +130,11 @@ def test_task_configs_are_validated(tmp_path):
 
 
 def test_validated_task_configs_with_an_int_num_fewshot_are_accepted():
-    from llmfoundry.config.validate import validate
-    from llmfoundry.eval.config import ICLTaskConfig
-
     task = validate({"label": "a", "dataset_uri": "b", "icl_task_type": "schema", "num_fewshot": 2}, ICLTaskConfig)
     assert load_icl_tasks([task])[0].num_fewshot == [2]
 
 
 def test_shipped_tiny_task_list_and_gauntlet_load(tokenizer):
-    from pathlib import Path
-
-    from llmfoundry.eval.config import load_gauntlet
-
     root = Path(__file__).resolve().parents[2]
     tasks = load_icl_tasks(str(root / "eval" / "yamls" / "tasks_tiny.yaml"))
     assert all((root / t.dataset_uri).is_file() for t in tasks)

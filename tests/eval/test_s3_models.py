@@ -12,12 +12,19 @@ import pytest
 import torch
 import yaml
 
+from llmfoundry import registry
 from llmfoundry.cli import main as cli_main
-
-from .conftest import TINY_DATA
+from llmfoundry.eval.runner import ICLEvaluator
+from llmfoundry.inference.lm_eval_adapter import LLMFoundryLM
+from llmfoundry.loading import load_model
+from llmfoundry.models.hf_export import export_hf
+from llmfoundry.train.checkpointer import Checkpointer
+from llmfoundry.train.recipe import TrainConfig, validate
+from llmfoundry.train.settings import CheckpointUploadConfig
+from tests.eval.helpers import TINY_DATA
+from tests.helpers import S3_TEST_BUCKET as BUCKET
 
 pytestmark = pytest.mark.s3
-BUCKET = "llmfoundry-test"
 TASKS = [{"label": "mc", "dataset_uri": str(TINY_DATA / "tiny_arithmetic_mc.jsonl"), "icl_task_type": "multiple_choice",
           "num_fewshot": [0], "limit": 6},
          {"label": "lm", "dataset_uri": str(TINY_DATA / "tiny_counting_lm.jsonl"), "icl_task_type": "language_modeling",
@@ -42,11 +49,6 @@ def _train_config(tokenizer_dir) -> dict:
 @pytest.fixture
 def s3_model(s3_server, tmp_path, tokenizer, tokenizer_dir, monkeypatch):
     """(run url, the checkpoint's model, its config): one checkpoint saved to s3:// by the trainer's Checkpointer."""
-    from llmfoundry import registry
-    from llmfoundry.train.recipe import TrainConfig, validate
-    from llmfoundry.train.checkpointer import Checkpointer
-    from llmfoundry.train.settings import CheckpointUploadConfig
-
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # downloads are staged under the temp folder
     (tmp_path / "tmp").mkdir()
     config = _train_config(tokenizer_dir)
@@ -70,9 +72,6 @@ def _upload_folder(folder: Path, url: str) -> None:
 
 
 def test_llmfoundry_eval_scores_s3_checkpoints_and_hf_folders(s3_model, tmp_path, tokenizer, capsys):
-    from llmfoundry.eval.runner import ICLEvaluator
-    from llmfoundry.models.convert import export_hf
-
     url, model, config = s3_model
     expected = ICLEvaluator(TASKS, tokenizer, batch_size=8, max_seq_len=64).evaluate(model, "cpu")
     # the same weights as a Hugging Face folder (llmfoundry convert's export) in S3
@@ -110,8 +109,6 @@ def test_a_missing_s3_model_is_a_one_line_error(s3_server, tmp_path, capsys):
 
 
 def test_lm_eval_adapter_loads_from_s3(s3_model):
-    from llmfoundry.inference.lm_eval_adapter import LLMFoundryLM
-
     url, model, _ = s3_model
     lm = LLMFoundryLM.from_path(url)
     for (name, a), b in zip(lm.model.state_dict().items(), model.state_dict().values()):
@@ -119,8 +116,6 @@ def test_lm_eval_adapter_loads_from_s3(s3_model):
 
 
 def test_generate_and_convert_read_models_from_s3(s3_model, tmp_path, capsys):
-    from llmfoundry.loading import load_model
-
     url, model, _ = s3_model
     loaded, _ = load_model(url)
     for (name, a), b in zip(loaded.state_dict().items(), model.state_dict().values()):

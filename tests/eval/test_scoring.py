@@ -20,11 +20,14 @@ from llmfoundry.eval.icl.scoring import (
     kv_cache_saving,
     plan_batches,
     score_full,
+    score_packed,
     score_shared_prefix,
     shared_prefix_len,
     supports_kv_cache,
+    supports_packed,
 )
 from llmfoundry.eval.icl.tasks import Sequence
+from llmfoundry.models.mpt import MPTConfig, MPTForCausalLM
 
 
 def test_the_three_choice_rules_disagree_as_computed_by_hand():
@@ -155,8 +158,6 @@ def test_kv_saving_is_zero_when_a_group_shares_no_prefix():
 
 @pytest.mark.parametrize("model_name", ["llama", "gpt2"])
 def test_packed_rows_with_a_4d_mask_equal_running_each_sequence_alone(model_name, request):
-    from llmfoundry.eval.icl.scoring import score_packed, supports_packed
-
     model = request.getfixturevalue(model_name)
     assert supports_packed(model)
     groups = [
@@ -174,12 +175,9 @@ def test_packed_rows_with_a_4d_mask_equal_running_each_sequence_alone(model_name
 
 def test_our_mpt_model_scores_the_same_on_every_path(tokenizer):
     """MPTForCausalLM (ALiBi, 2D masks only): the KV-cache path and the plain path agree; no 4D-mask packing."""
-    import llmfoundry.models.mpt as mpt
-    from llmfoundry.eval.icl.scoring import supports_packed
-
     torch.manual_seed(0)
-    model = mpt.MPTForCausalLM(mpt.MPTConfig(d_model=32, n_heads=4, n_layers=2, vocab_size=len(tokenizer),
-                                             max_seq_len=64)).eval()
+    model = MPTForCausalLM(MPTConfig(d_model=32, n_heads=4, n_layers=2, vocab_size=len(tokenizer),
+                                     max_seq_len=64)).eval()
     assert not supports_packed(model)
     groups = [
         [Sequence([5, 6, 7, 8, 9, 20], 5), Sequence([5, 6, 7, 8, 9, 21, 22, 23], 5)],

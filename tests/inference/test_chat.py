@@ -12,6 +12,13 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
+
+from llmfoundry.cli import main
+from llmfoundry.inference.chat import ChatSession, TerminalStreamer, parse_args
+from llmfoundry.loading import load_model
+from llmfoundry.models.hf_export import export_hf
+from llmfoundry.models.mpt import MPTConfig, MPTForCausalLM
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -19,12 +26,6 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def chat_model_dir(tmp_path_factory, tokenizer):
     """A tiny MPT (random weights) exported to a Hugging Face folder with the test tokenizer (no chat template)."""
-    import torch
-
-    from llmfoundry.models.convert import export_hf
-    from llmfoundry.models.mpt.config import MPTConfig
-    from llmfoundry.models.mpt.model import MPTForCausalLM
-
     torch.manual_seed(0)
     config = MPTConfig(d_model=32, n_heads=2, n_layers=2, expansion_ratio=4, max_seq_len=512, vocab_size=512,
                        learned_pos_emb=False, no_bias=True, attn_config={"alibi": True})  # fmt: skip
@@ -122,10 +123,6 @@ def test_chat_over_a_terminal_answers_keeps_history_and_quits(chat_model_dir):
 
 
 def test_streamer_stops_at_the_chatml_end_and_never_prints_part_of_it(tokenizer):
-    import torch
-
-    from llmfoundry.inference.chat import TerminalStreamer
-
     out = io.StringIO()
     streamer = TerminalStreamer(tokenizer, ["<|im_end|>"], out)
     streamer.put(torch.tensor([[1, 2, 3]]))  # the prompt: skipped
@@ -140,16 +137,11 @@ def test_streamer_stops_at_the_chatml_end_and_never_prints_part_of_it(tokenizer)
 
 
 def test_chat_rejects_bad_sampling_options():
-    from llmfoundry.cli import main
-
     assert main(["chat", "somewhere", "--temperature", "-1"]) == 2
     assert main(["chat", "somewhere", "--top_p", "0"]) == 2
 
 
 def test_chat_history_drops_oldest_turns_to_fit_the_context(chat_model_dir):
-    from llmfoundry.inference.chat import ChatSession, parse_args
-    from llmfoundry.loading import load_model
-
     model, tokenizer = load_model(chat_model_dir)
     args = parse_args([str(chat_model_dir), "--temperature", "0", "--max_new_tokens", "4"])
     session = ChatSession(model, tokenizer, args, out=io.StringIO())
@@ -168,13 +160,6 @@ def test_chat_history_drops_oldest_turns_to_fit_the_context(chat_model_dir):
 def test_answers_stop_at_the_learned_positions_of_the_model(tmp_path, tokenizer):
     """A model with learned absolute positions cannot run past them: chat shortens the answer instead of failing,
     and generate says how many new tokens fit."""
-    import torch
-
-    from llmfoundry.cli import main
-    from llmfoundry.inference.chat import ChatSession, parse_args
-    from llmfoundry.models.mpt.config import MPTConfig
-    from llmfoundry.models.mpt.model import MPTForCausalLM
-
     torch.manual_seed(0)
     model = MPTForCausalLM(MPTConfig(d_model=32, n_heads=2, n_layers=1, max_seq_len=48, vocab_size=512)).eval()
     assert model.arch.learned_pos_emb

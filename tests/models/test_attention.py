@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from llmfoundry.models.mpt.config import resolve_attn_impl
 from tests.models.helpers import randomize_norms, tiny_model
 
 POSITIONAL = {
@@ -167,9 +168,7 @@ def test_flash_without_flash_attn_falls_back_to_sdpa_with_a_warning():
         pytest.skip("flash-attn is installed")
     except ImportError:
         pass
-    import llmfoundry.models.mpt.config as config_module
-
-    config_module.resolve_attn_impl._warned = False
+    resolve_attn_impl._warned = False
     with pytest.warns(UserWarning, match="flash-attn is not installed"):
         model = tiny_model(attn_config={"attn_impl": "flash"})
     assert model.transformer.blocks[0].attn.attn_impl == "sdpa"

@@ -2,12 +2,13 @@
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, GPT2LMHeadModel, LlamaForCausalLM, MptForCausalLM
+from transformers import AutoModelForCausalLM, GPT2LMHeadModel, LlamaForCausalLM, MptConfig, MptForCausalLM
 
 from llmfoundry.cli import main as cli
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.inference.generate import generate_ids
-from llmfoundry.models.convert import export_hf, from_transformers, load_as_mpt, to_transformers
+from llmfoundry.models.hf_export import export_hf, to_transformers
+from llmfoundry.models.hf_import import arch_from_transformers, from_transformers, load_as_mpt
 from llmfoundry.models.mpt import MPTModelSettings
 from llmfoundry.models.mpt.config import AttnConfig
 from llmfoundry.registry import models
@@ -83,11 +84,19 @@ def test_a_recipe_cannot_silently_change_a_pretrained_architecture(tmp_path, tok
     assert packed.arch.attn_config.attn_uses_sequence_id and packed.arch.attn_config.attn_impl == "torch"
 
 
+def test_load_as_mpt_applies_run_time_options_to_the_stored_architecture(tmp_path):
+    ours = _ours(ALIBI_MHA_GELU)
+    ours.save_pretrained(tmp_path)
+    loaded = load_as_mpt(tmp_path, overrides={"init_device": "meta", "resid_pdrop": 0.1},
+                         attn_overrides={"attn_impl": "torch"}).eval()  # fmt: skip
+    assert loaded.arch.init_device == "cpu" and not any(p.is_meta for p in loaded.parameters())
+    assert loaded.arch.resid_pdrop == loaded.config.resid_pdrop == 0.1
+    assert loaded.transformer.blocks[0].attn.attn_impl == "torch"
+    x = torch.randint(2, 512, (2, 16))
+    torch.testing.assert_close(loaded(x).logits, ours(x).logits, atol=1e-5, rtol=1e-4)
+
+
 def test_an_mpt_config_that_transformers_cannot_hold_is_not_imported_as_something_else():
-    from transformers import MptConfig
-
-    from llmfoundry.models.convert import arch_from_transformers
-
     config = MptConfig(d_model=32, n_heads=4, n_layers=2, vocab_size=64, no_bias=False,
                        attn_config={"qk_ln": True, "alibi": False})  # fmt: skip
     with pytest.raises(ConfigError, match="sets no_bias: False, attn_config.alibi: False, attn_config.qk_ln: True"):

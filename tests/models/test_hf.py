@@ -5,8 +5,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from llmfoundry.core.errors import ConfigError
-from llmfoundry.models.convert import export_hf
 from llmfoundry.models.hf import HFModelSettings
+from llmfoundry.models.hf_export import export_hf
 from llmfoundry.registry import models
 from tests.models.helpers import randomize_norms, tiny_model
 
@@ -87,6 +87,14 @@ def test_attn_implementation_reaches_our_mpt_kernel_choice(tmp_path, tokenizer):
     torch.testing.assert_close(eager(x).logits, ours(x).logits, atol=1e-5, rtol=1e-4)
     with pytest.raises(ConfigError, match="model.attn_implementation: 'flex_attention' is not available"):
         build(tokenizer, pretrained_model_name_or_path=str(tmp_path), attn_implementation="flex_attention")
+
+
+def test_config_overrides_of_our_mpt_are_validated(tmp_path, tokenizer):
+    tiny_model().save_pretrained(tmp_path)
+    shallower = build(tokenizer, pretrained_model_name_or_path=str(tmp_path), config_overrides={"n_layers": 1})
+    assert len(shallower.blocks()) == 1
+    with pytest.raises(ConfigError, match=r"model\.d_model: 32 is not divisible by model\.n_heads=5"):
+        build(tokenizer, pretrained_model_name_or_path=str(tmp_path), config_overrides={"n_heads": 5})
 
 
 def test_attention_backends_that_cannot_run_are_one_line_errors(llama_dir, tokenizer):

@@ -3,6 +3,7 @@ import dataclasses
 import pytest
 import torch
 
+from llmfoundry.config.validate import validate
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.models.mpt import MPTConfig, MPTForCausalLM, MPTModelSettings
 from llmfoundry.registry import models
@@ -17,6 +18,18 @@ def test_mpt_builder_is_registered_with_its_settings_dataclass(tokenizer):
     model = entry.builder(settings, tokenizer)
     assert isinstance(model, MPTForCausalLM)
     assert len(model.blocks()) == 2
+
+
+def test_a_recipe_built_model_saves_the_config_json_its_values_would_give(tokenizer, tmp_path):
+    values = dict(d_model=32, n_heads=4, n_layers=3, max_seq_len=32, vocab_size=512, attn_config={"rope": True},
+                  learned_pos_emb=False)
+    settings = validate(values, MPTModelSettings, "model")
+    built = models.get("mpt_causal_lm").builder(settings, tokenizer)
+    assert built.arch == settings.arch() and built.config.n_layers == 3
+    built.save_pretrained(tmp_path / "built")
+    MPTForCausalLM(MPTConfig(**values)).save_pretrained(tmp_path / "direct")
+    assert (tmp_path / "built" / "config.json").read_text() == (tmp_path / "direct" / "config.json").read_text()
+    assert MPTForCausalLM.from_pretrained(tmp_path / "built").arch == built.arch
 
 
 def test_defaults_follow_llm_foundry_except_attn_impl():

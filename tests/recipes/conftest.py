@@ -1,6 +1,6 @@
-"""Session fixtures for the recipe tests: tiny MDS data, tiny model folders and a tiny training checkpoint.
+"""Session fixtures for the recipe tests: tiny model folders and a tiny training checkpoint.
 
-Everything is built locally from the shared ``corpus`` / ``tokenizer_dir`` fixtures (tests/conftest.py).
+Everything is built locally from the shared ``corpus`` / ``tokenizer_dir`` / ``mds_root`` fixtures (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -9,28 +9,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-
-# The shape every recipe's model is shrunk to.
-TINY_SEQ = 128  # model and finetuning rows (chat markup is long in the 512-token test vocabulary)
-MDS_SEQ = 64  # tokens per pretraining sample
-TINY_MPT = {"d_model": 32, "n_heads": 2, "n_layers": 2, "expansion_ratio": 2, "max_seq_len": TINY_SEQ, "vocab_size": 512}
-
-
-@pytest.fixture(scope="session")
-def recipe_mds(tmp_path_factory, corpus, tokenizer_dir) -> Path:
-    """MDS shards of 64-token samples in root/train and root/val (the splits the pretraining recipes read)."""
-    from llmfoundry.data.prep import text
-
-    root = tmp_path_factory.mktemp("recipe_mds")
-    for split, docs in {"train": corpus[:120], "val": corpus[120:160]}.items():
-        source = root / "source" / split
-        source.mkdir(parents=True)
-        for i, doc in enumerate(docs):
-            (source / f"{i:03d}.txt").write_text(doc)
-        text.main(["--input_folder", str(source), "--output_folder", str(root / split), "--tokenizer",
-                   str(tokenizer_dir), "--concat_tokens", str(MDS_SEQ), "--processes", "1", "--quiet"])
-    return root
+from tests.helpers import make_trainer
+from tests.recipes.helpers import MDS_SEQ, TINY_MPT, TINY_SEQ
 
 
 def _tiny_mpt(tokenizer, **attn):
@@ -49,7 +29,7 @@ def _tiny_mpt(tokenizer, **attn):
 @pytest.fixture(scope="session")
 def mpt_hf_folder(tmp_path_factory, tokenizer):
     """A tiny MPT exported with `llmfoundry convert`'s export (transformers' MptForCausalLM + tokenizer)."""
-    from llmfoundry.models.convert import export_hf
+    from llmfoundry.models.hf_export import export_hf
 
     out = tmp_path_factory.mktemp("mpt_hf")
     export_hf(_tiny_mpt(tokenizer), tokenizer, out, "fp32")
@@ -74,13 +54,10 @@ def llama_hf_folder(tmp_path_factory, tokenizer):
 
 
 @pytest.fixture(scope="session")
-def tiny_checkpoint(tmp_path_factory, recipe_mds, tokenizer_dir) -> Path:
+def tiny_checkpoint(tmp_path_factory, mds_root, tokenizer_dir) -> Path:
     """A save_folder holding one llmfoundry checkpoint of the tiny ALiBi MPT (what `load_path` recipes start from)."""
-    from llmfoundry.train.recipe import TrainConfig, validate
-    from llmfoundry.train.trainer import Trainer
-
     save_folder = tmp_path_factory.mktemp("tiny_run")
-    data = {"local": str(recipe_mds), "max_seq_len": MDS_SEQ}
+    data = {"local": str(mds_root), "max_seq_len": MDS_SEQ}
     plain = {
         "max_seq_len": TINY_SEQ,
         "model": {"name": "mpt_causal_lm", **TINY_MPT, "learned_pos_emb": False,
@@ -95,5 +72,6 @@ def tiny_checkpoint(tmp_path_factory, recipe_mds, tokenizer_dir) -> Path:
         "save_folder": str(save_folder),
         "save_interval": "1ba",
     }
-    Trainer(validate(plain, TrainConfig), plain).fit()
+    make_trainer(plain).fit()
+    assert (save_folder / "latest").is_file(), "the tiny run saved no checkpoint"
     return save_folder

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.recipes.conftest import MDS_SEQ, REPO, TINY_MPT, TINY_SEQ
+from tests.recipes.helpers import MDS_SEQ, REPO, TINY_MPT, TINY_SEQ
 
 RECIPES = sorted(
     p.relative_to(REPO).as_posix()
@@ -64,11 +64,11 @@ def in_repo(monkeypatch):
     monkeypatch.chdir(REPO)
 
 
-def _loader_overrides(key: str, section: dict, split: str, recipe: str, recipe_mds: Path) -> list[str]:
+def _loader_overrides(key: str, section: dict, split: str, recipe: str, mds_root: Path) -> list[str]:
     ds = f"{key}.dataset"
     common = [f"{key}.num_workers=0"]
     if section["name"] == "text":
-        return common + [f"{ds}.max_seq_len={MDS_SEQ}"] + [f"{ds}.local='{recipe_mds}'", f"{ds}.remote=null", f"{ds}.split={split}"]
+        return common + [f"{ds}.max_seq_len={MDS_SEQ}"] + [f"{ds}.local='{mds_root}'", f"{ds}.remote=null", f"{ds}.split={split}"]
     dataset = section["dataset"]
     common.append(f"{ds}.max_seq_len={TINY_SEQ}")
     if dataset.get("hf_name") == "json":  # already local JSONL: keep the recipe's own files
@@ -107,13 +107,13 @@ def train_overrides(recipe: str, raw: dict, tmp_path: Path, fixtures: dict) -> l
         out.append(f"load_path='{fixtures['tiny_checkpoint']}'")
     for key, split in (("train_loader", "train"), ("eval_loader", "val")):
         if raw.get(key):
-            out += _loader_overrides(key, raw[key], split, recipe, fixtures["recipe_mds"])
+            out += _loader_overrides(key, raw[key], split, recipe, fixtures["mds_root"])
     return out
 
 
 @pytest.fixture
 def fixtures(request):
-    names = ("tokenizer_dir", "recipe_mds", "mpt_hf_folder", "llama_hf_folder", "tiny_checkpoint")
+    names = ("tokenizer_dir", "mds_root", "mpt_hf_folder", "llama_hf_folder", "tiny_checkpoint")
     return {name: _Lazy(request, name) for name in names}
 
 
@@ -130,17 +130,25 @@ class _Lazy:
 
 
 def run_train_recipe(recipe: str, tmp_path: Path, fixtures: dict) -> dict:
-    from llmfoundry.config.load import load_config, read_yaml
-    from llmfoundry.train.recipe import TrainConfig, validate
+    from llmfoundry.config.load import load_config
     from llmfoundry.core import dist
+    from llmfoundry.train.recipe import TrainConfig, validate
     from llmfoundry.train.trainer import Trainer
 
     raw = load_config(recipe)  # as shipped: must validate before any override
-    validate(raw, TrainConfig)
+    shipped = validate(raw, TrainConfig)
     overrides = train_overrides(recipe, raw, tmp_path, fixtures)
     plain = load_config(recipe, overrides)
     cfg = validate(plain, TrainConfig)
-    assert read_yaml(recipe) is not None
+    # The overrides shrank this recipe (a key they miss would leave the full-size model or data in place) and
+    # changed nothing else: the same model and loaders as shipped.
+    assert (cfg.max_seq_len, cfg.max_duration, cfg.global_train_batch_size) == (TINY_SEQ, "2ba", 4)
+    assert cfg.tokenizer.name == str(fixtures["tokenizer_dir"])
+    assert cfg.model.name == shipped.model.name and cfg.train_loader.name == shipped.train_loader.name
+    if cfg.model.name == "mpt_causal_lm":
+        assert {key: getattr(cfg.model.settings, key) for key in TINY_MPT} == TINY_MPT
+    if cfg.train_loader.name == "text":
+        assert cfg.train_loader.settings.dataset.local == str(fixtures["mds_root"])
     try:
         metrics = Trainer(cfg, plain).fit()
     finally:
@@ -182,9 +190,9 @@ def test_recipe_builds_and_runs_tiny(recipe, tmp_path, in_repo, fixtures):
         )
         assert any((tmp_path / "run").iterdir()), "the run saved no checkpoint"
     elif kind == "eval":
+        from llmfoundry.commands.eval import run_eval
         from llmfoundry.config.load import load_config
         from llmfoundry.eval.config import load_eval_config
-        from llmfoundry.commands.eval import run_eval
 
         # values a user must give on the command line (`???`) get a stand-in; the models are replaced below anyway
         required = [k for k, v in (raw.get("variables") or {}).items() if v == "???"]
@@ -215,6 +223,7 @@ def test_recipe_builds_and_runs_tiny(recipe, tmp_path, in_repo, fixtures):
         # file of the same task type, so every task's own settings (delimiters, shots, categories) still run.
         runnable = [t if Path(t.dataset_uri).is_file() else dataclasses.replace(t, dataset_uri=stand_in(t))
                     for t in tasks if "://" not in t.dataset_uri]  # fmt: skip
+        assert runnable, f"every task of {recipe} is remote: none could run"
         folder = str(fixtures["mpt_hf_folder"])
         tokenizer = AutoTokenizer.from_pretrained(folder)
         model = AutoModelForCausalLM.from_pretrained(folder).eval()
@@ -223,9 +232,7 @@ def test_recipe_builds_and_runs_tiny(recipe, tmp_path, in_repo, fixtures):
         for task in runnable:
             assert any(k.startswith(task.label) or f"/{task.label}/" in k for k in metrics), f"no metric for {task.label}"
     else:
-        from llmfoundry.eval.config import load_gauntlet
-
-        from llmfoundry.eval.config import load_icl_tasks
+        from llmfoundry.eval.config import load_gauntlet, load_icl_tasks
 
         gauntlet = load_gauntlet(recipe)
         assert gauntlet.categories
@@ -236,10 +243,10 @@ def test_recipe_builds_and_runs_tiny(recipe, tmp_path, in_repo, fixtures):
             if isinstance(data.get("icl_tasks"), list) and "models" not in data:
                 for task in load_icl_tasks(str(other.relative_to(REPO))):
                     shots.setdefault(task.label, set()).update(task.num_fewshot)
-        if shots:
-            for category in gauntlet.categories:
-                for bench in category.benchmarks:
-                    assert bench.num_fewshot in shots.get(bench.name, set()), f"{category.name}: {bench.name}"
+        assert shots, f"no task list ships beside {recipe}"
+        for category in gauntlet.categories:
+            for bench in category.benchmarks:
+                assert bench.num_fewshot in shots.get(bench.name, set()), f"{category.name}: {bench.name}"
 
 
 def test_chat_local_continues_from_the_quickstart_architecture():

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -48,8 +49,6 @@ def test_missing_recipe_is_a_clear_error():
 
 
 def test_train_and_script_entry_points_run_the_same_job(tmp_path, recipe):
-    import yaml
-
     recipe_path = tmp_path / "tiny.yaml"
     recipe_path.write_text(yaml.safe_dump(recipe(max_duration="3ba", eval_interval="3ba", log_to_console=True)))
     outputs = []

@@ -4,17 +4,14 @@ mlflow, wandb (offline), and secrets kept out of logged configs."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
 
-from llmfoundry.train.recipe import TrainConfig, validate
 from llmfoundry.train.callbacks.base import Callback
-from llmfoundry.train.trainer import Trainer, TrainingStopped
-
-
-def make_trainer(recipe: dict) -> Trainer:
-    return Trainer(validate(recipe, TrainConfig), recipe)
+from llmfoundry.train.trainer import TrainingStopped
+from tests.helpers import make_trainer
 
 
 def rows(path) -> list[dict]:
@@ -46,11 +43,18 @@ def test_mfu_is_achieved_flops_over_the_peak(recipe, tmp_path):
     assert last["throughput/device/mfu"] == pytest.approx(last["throughput/device/tflops_per_sec"] / 0.001)
 
 
-def test_speed_monitor_knows_the_dense_bf16_peaks():
-    from llmfoundry.train.callbacks.speed_monitor import PEAK_BF16_TFLOPS, device_peak_tflops
+@pytest.mark.parametrize("name, peak", [("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H200", 989.0),
+                                        ("NVIDIA A100-SXM4-80GB", 312.0), ("NVIDIA L4", None)])
+def test_speed_monitor_finds_the_dense_bf16_peak_from_the_device_name(name, peak, monkeypatch):
+    from llmfoundry.train.callbacks import speed_monitor
 
-    assert PEAK_BF16_TFLOPS == {"H200": 989.0, "H100": 989.0, "A100": 312.0}
-    assert device_peak_tflops(torch.device("cpu")) is None
+    asked = []
+    monkeypatch.setattr(speed_monitor.torch.cuda, "get_device_name", lambda device: asked.append(device) or name)
+    cuda = torch.device("cuda", 0)
+    assert speed_monitor.device_peak_tflops(cuda) == peak
+    assert asked == [cuda]
+    assert speed_monitor.device_peak_tflops(torch.device("cpu")) is None
+    assert asked == [cuda]  # a CPU is never looked up as a CUDA device
 
 
 class Poison(Callback):
@@ -104,8 +108,10 @@ def test_hf_checkpointer_exports_loadable_transformers_folders(recipe, tmp_path)
     torch.testing.assert_close(hf(ids).logits, ours, rtol=1e-4, atol=1e-4)
 
 
-def test_tensorboard_and_mlflow_loggers_record_metrics(recipe, tmp_path):
+def test_tensorboard_and_mlflow_loggers_record_metrics(recipe, tmp_path, monkeypatch):
     uri = f"file:{tmp_path / 'mlruns'}"
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "")  # so that teardown puts back whatever was there before
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE")  # unset: the logger must set it itself
     make_trainer(recipe(eval_loader=None, max_duration="3ba", run_name="logged", loggers={
         "tensorboard": {"log_dir": str(tmp_path / "tb")},
         "mlflow": {"tracking_uri": uri, "experiment_name": "tests"}})).fit()
@@ -118,7 +124,7 @@ def test_tensorboard_and_mlflow_loggers_record_metrics(recipe, tmp_path):
 
     import mlflow
 
-    assert mlflow  # the logger set MLFLOW_ALLOW_FILE_STORE for its local file store
+    assert os.environ["MLFLOW_ALLOW_FILE_STORE"] == "true"  # set by the logger for its local file store
     client = mlflow.tracking.MlflowClient(tracking_uri=uri)
     (run,) = client.search_runs([client.get_experiment_by_name("tests").experiment_id])
     assert run.info.run_name == "logged"

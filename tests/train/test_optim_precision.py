@@ -9,16 +9,14 @@ import torch
 from torch import nn
 
 from llmfoundry.core.errors import ConfigError
-from llmfoundry.train.recipe import TrainConfig, validate
-from llmfoundry.train import optim, schedules
 from llmfoundry.core.timeunits import Rates
-from llmfoundry.train.trainer import Trainer, device_batch_size
+from llmfoundry.train import optim, schedules
+from llmfoundry.train.recipe import validate
+from llmfoundry.train.settings import FSDPConfig
+from llmfoundry.train.trainer import device_batch_size
+from tests.helpers import make_trainer
 
 RATES = Rates(batches_per_epoch=10, samples_per_batch=8, tokens_per_batch=512, max_duration_batches=100)
-
-
-def make_trainer(recipe: dict) -> Trainer:
-    return Trainer(validate(recipe, TrainConfig), recipe)
 
 
 @pytest.mark.parametrize("build, settings, expected", [
@@ -156,11 +154,10 @@ def test_compile_config_compiles_each_block(recipe):
 
 
 def test_fsdp_keys_validate_and_unknown_ones_are_named():
-    from llmfoundry.config.validate import validate as check
-    from llmfoundry.train.settings import FSDPConfig
-
-    cfg = check({"sharding_strategy": "HYBRID_SHARD", "mixed_precision": {"param_dtype": "bf16"},
-                 "limit_all_gathers": True, "use_orig_params": False}, FSDPConfig)
+    cfg = validate({"sharding_strategy": "HYBRID_SHARD", "mixed_precision": {"param_dtype": "bf16"},
+                    "limit_all_gathers": True, "use_orig_params": False}, FSDPConfig)
     assert cfg.sharding_strategy == "HYBRID_SHARD" and cfg.mixed_precision == {"param_dtype": "bf16"}
     with pytest.raises(ConfigError, match="activation_checkpoint: unknown key"):
-        check({"activation_checkpoint": True}, FSDPConfig)
+        validate({"activation_checkpoint": True}, FSDPConfig)
+    with pytest.raises(ConfigError, match=r"^mixed_precision.param_dtype: 'fp8' is not a dtype \(use one of fp32,"):
+        validate({"mixed_precision": {"param_dtype": "fp8"}}, FSDPConfig)

@@ -9,9 +9,10 @@ import pytest
 import yaml
 
 from llmfoundry.cli import main as cli
+from llmfoundry.commands.train import cuda_environment
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.train.recipe import TrainConfig, validate
-from llmfoundry.commands.train import cuda_environment
+from llmfoundry.train.trainer import Trainer
 
 PLUGIN = '''
 from dataclasses import dataclass
@@ -54,8 +55,6 @@ def test_code_paths_register_components_before_the_recipe_is_validated(recipe, t
 
 
 def test_log_config_false_keeps_the_config_out_of_the_loggers(recipe, tmp_path):
-    from llmfoundry.train.trainer import Trainer
-
     for log_config in (True, False):
         out = tmp_path / f"{log_config}.jsonl"
         cfg = recipe(eval_loader=None, max_duration="1ba", log_config=log_config, loggers={"jsonl": {"path": str(out)}})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 
@@ -10,21 +11,13 @@ import boto3
 import pytest
 import torch
 
-from llmfoundry.train.recipe import TrainConfig, validate
+from llmfoundry.core.errors import ConfigError
 from llmfoundry.train import uploads
 from llmfoundry.train.callbacks.base import Callback
-from llmfoundry.train.trainer import Trainer
+from tests.helpers import S3_TEST_BUCKET as BUCKET
+from tests.helpers import make_trainer, weights
 
 pytestmark = pytest.mark.s3
-BUCKET = "llmfoundry-test"
-
-
-def make_trainer(recipe: dict) -> Trainer:
-    return Trainer(validate(recipe, TrainConfig), recipe)
-
-
-def weights(trainer: Trainer) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
 
 
 def keys(prefix: str) -> list[str]:
@@ -135,13 +128,9 @@ def test_an_incomplete_s3_checkpoint_is_never_latest(recipe, s3_server, tmp_path
 
 def test_an_s3_save_folder_that_cannot_be_used_is_a_one_line_error_before_training(recipe, s3_server,
                                                                                     monkeypatch):
-    from llmfoundry.core.errors import ConfigError
-
     with pytest.raises(ConfigError) as error:
         make_trainer(recipe(eval_loader=None, save_folder="s3://no-such-bucket/run"))
     assert "save_folder: bucket 'no-such-bucket' does not exist" in str(error.value)
-
-    import socket
 
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))

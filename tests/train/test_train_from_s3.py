@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import math
 
+import boto3
 import pytest
 
+from llmfoundry.data.prep.cli import main as data_main
 from llmfoundry.train.recipe import TrainConfig, validate
 from llmfoundry.train.trainer import Trainer
 
@@ -14,10 +16,6 @@ pytestmark = pytest.mark.s3
 
 
 def test_training_streams_its_data_from_s3(s3_server, recipe, corpus, tokenizer_dir, tmp_path, monkeypatch):
-    import boto3
-
-    from llmfoundry.data.prep.cli import main as data_main
-
     monkeypatch.setenv("LLMFOUNDRY_CACHE", str(tmp_path / "cache"))
     jsonl = tmp_path / "docs.jsonl"
     jsonl.write_text("\n".join(json.dumps({"text": doc}) for doc in corpus))

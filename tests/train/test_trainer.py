@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from llmfoundry.core.errors import ConfigError
-from llmfoundry.train.recipe import TrainConfig, validate
-from llmfoundry.train.trainer import Trainer
-
-
-def make_trainer(recipe: dict) -> Trainer:
-    return Trainer(validate(recipe, TrainConfig), recipe)
-
-
-def weights(trainer: Trainer) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+from llmfoundry.data.streaming_guard import import_streaming
+from tests.helpers import make_trainer, weights
 
 
 def test_short_run_lowers_the_eval_loss(recipe):
@@ -115,8 +109,6 @@ def test_jsonl_logger_records_train_and_eval_metrics(recipe, tmp_path):
 
 
 def test_icl_tasks_and_gauntlet_run_at_each_evaluation(recipe, tmp_path, capsys):
-    from pathlib import Path
-
     repo = Path(__file__).resolve().parents[2]
     path = tmp_path / "metrics.jsonl"
     tasks = [{"label": "python_choice", "dataset_uri": str(repo / "eval/quickstart/python_choice.jsonl"),
@@ -150,10 +142,6 @@ def test_durations_that_cannot_work_are_one_line_errors(recipe, overrides, messa
 
 
 def test_eval_data_the_model_cannot_embed_is_a_one_line_error(recipe, tmp_path):
-    import numpy as np
-
-    from llmfoundry.data.streaming_guard import import_streaming
-
     # Eval shards tokenized with a larger vocabulary than the model's 512 embeddings.
     with import_streaming().MDSWriter(out=str(tmp_path / "val"), columns={"tokens": "ndarray:uint16"}) as writer:
         for _ in range(8):

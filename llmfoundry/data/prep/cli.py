@@ -8,30 +8,30 @@
 
 from __future__ import annotations
 
-import importlib
 import sys
 
+from llmfoundry.core.errors import ConfigError, did_you_mean
+from llmfoundry.data.prep import finetuning, json_data, text
+
 SUBCOMMANDS = {
-    "text": ("llmfoundry.data.prep.text", "main", "a folder of .txt files -> concatenated MDS"),
-    "json": ("llmfoundry.data.prep.json_data", "main_json", "JSON/JSONL records with a text field -> concatenated MDS"),
-    "hf": ("llmfoundry.data.prep.json_data", "main_hf", "a Hugging Face dataset -> concatenated MDS"),
-    "finetuning": ("llmfoundry.data.prep.finetuning", "main", "prompt/response or chat data -> MDS"),
+    "text": (text.main, "a folder of .txt files -> concatenated MDS"),
+    "json": (json_data.main_json, "JSON/JSONL records with a text field -> concatenated MDS"),
+    "hf": (json_data.main_hf, "a Hugging Face dataset -> concatenated MDS"),
+    "finetuning": (finetuning.main, "prompt/response or chat data -> MDS"),
 }
 
 
 def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: llmfoundry data {text,json,hf,finetuning} [flags]\n")
-        for name, (_, _, help_) in SUBCOMMANDS.items():
+        for name, (_, help_) in SUBCOMMANDS.items():
             print(f"  {name:<11} {help_}")
         return 0 if argv else 2
     if argv[0] not in SUBCOMMANDS:
-        from llmfoundry.core.errors import ConfigError, did_you_mean
-
         raise ConfigError(f"unknown data command '{argv[0]}'{did_you_mean(argv[0], SUBCOMMANDS)}; "
                           f"valid: {', '.join(SUBCOMMANDS)}")
-    module, function, _ = SUBCOMMANDS[argv[0]]
-    return getattr(importlib.import_module(module), function)(argv[1:])
+    command, _ = SUBCOMMANDS[argv[0]]
+    return command(argv[1:])
 
 
 if __name__ == "__main__":

@@ -12,16 +12,22 @@ sample) are dropped.
 from __future__ import annotations
 
 import json
-import multiprocessing
+import logging
 import os
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
+from llmfoundry.core import objectstore
 from llmfoundry.core.errors import ConfigError
+from llmfoundry.data.sources import mp_context
+from llmfoundry.data.streaming_guard import import_streaming
+
+streaming = import_streaming()  # through the guard: streaming must import without a working torchvision
 
 TOKENS_COLUMN = "tokens"
 
@@ -103,12 +109,6 @@ def batched(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
         yield batch
 
 
-def mp_context():
-    """fork where available (fast start, inherits the loaded tokenizer); spawn elsewhere."""
-    methods = multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-
-
 def encode_batches(
     docs: Iterable[str], tokenizer, spec: ConcatSpec, *, processes: int = 1, docs_per_batch: int = 256
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -126,9 +126,6 @@ class ConcatWriter:
     """Cuts a stream of tokenized documents into ``concat_tokens``-long samples and writes them as MDS."""
 
     def __init__(self, out: str, spec: ConcatSpec, vocab_size: int, compression: str | None = None, **writer_kwargs):
-        from llmfoundry.data.streaming_guard import import_streaming
-
-        streaming = import_streaming()
         if spec.concat_tokens <= 0:
             raise ConfigError(f"--concat_tokens: expected a positive sample length, got {spec.concat_tokens}")
         self.spec = spec
@@ -177,14 +174,12 @@ class ConcatWriter:
 
 
 class Progress:
-    """A progress bar on stderr (tqdm) that counts documents and shows tokens/s."""
+    """A progress bar on stderr (tqdm) that counts documents (or files, examples) and shows postfix values."""
 
     def __init__(self, desc: str, total: int | None = None, unit: str = "doc", disable: bool | None = None):
-        from tqdm import tqdm
-
         self.bar = tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True, file=sys.stderr, disable=disable)
 
-    def update(self, n: int, tokens: int | None = None, **postfix) -> None:
+    def update(self, n: int, **postfix) -> None:
         self.bar.update(n)
         if postfix:
             self.bar.set_postfix(postfix, refresh=False)
@@ -229,9 +224,6 @@ def write_texts(
     show_progress: bool | None = None,
 ) -> dict[str, int]:
     """Write ``docs`` untokenized, one per sample, as MDS with a ``text`` column (local or s3://)."""
-    from llmfoundry.data.streaming_guard import import_streaming
-
-    streaming = import_streaming()
     writer = streaming.MDSWriter(columns={"text": "str"}, out=out, compression=compression or None, exist_ok=True)
     bar = Progress(desc, total=total, disable=None if show_progress is None else not show_progress)
     documents = 0
@@ -269,8 +261,6 @@ def add_logging_argument(parser) -> None:
 
 def set_logging_level(level: str | None) -> None:
     """Log llmfoundry's messages at ``level`` and above to stderr (``--logging-level``); None leaves logging alone."""
-    import logging
-
     if level is None:
         return
     logger = logging.getLogger("llmfoundry")
@@ -294,32 +284,7 @@ def default_processes() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
 
 
-def check_output_empty(out: str, overwrite: bool = False) -> None:
+def check_output_empty(out: str) -> None:
     """Refuse to mix a new conversion into an existing MDS folder."""
-    if read_bytes(join(out, "index.json")) is not None and not overwrite:
+    if objectstore.read_bytes(objectstore.join(out, "index.json")) is not None:
         raise ConfigError(f"{out}: already holds an MDS dataset (index.json); choose another output or delete it")
-
-
-def callable_from_spec(spec: str, flag: str) -> Callable:
-    """``module:function`` or ``path/to/file.py:function`` -> the function."""
-    import importlib
-    import importlib.util
-
-    module_name, _, function_name = spec.partition(":")
-    if not function_name:
-        raise ConfigError(f"{flag}: expected 'module:function' or 'file.py:function', got '{spec}'")
-    try:
-        if module_name.endswith(".py"):
-            loader_spec = importlib.util.spec_from_file_location("_llmfoundry_user_preprocessor", module_name)
-            if loader_spec is None or loader_spec.loader is None or not os.path.isfile(module_name):
-                raise ImportError(f"no file {module_name}")
-            module = importlib.util.module_from_spec(loader_spec)
-            loader_spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise ConfigError(f"{flag}: cannot import '{module_name}' ({error})") from None
-    function = getattr(module, function_name, None)
-    if not callable(function):
-        raise ConfigError(f"{flag}: '{module_name}' has no function '{function_name}'")
-    return function

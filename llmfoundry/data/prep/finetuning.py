@@ -14,16 +14,16 @@ import numpy as np
 
 from llmfoundry.core import objectstore
 from llmfoundry.core.errors import ConfigError
+from llmfoundry.data.finetuning import FinetuningDataset, FinetuningDatasetSettings
 from llmfoundry.data.prep import common
+from llmfoundry.data.streaming_guard import import_streaming
+from llmfoundry.data.tokenizers import build_tokenizer
 
 log = logging.getLogger(__name__)
+streaming = import_streaming()  # through the guard: streaming must import without a working torchvision
 
 
 def main(argv: list[str] | None = None) -> int:
-    from llmfoundry.data.finetuning import FinetuningDataset, FinetuningDatasetSettings
-    from llmfoundry.data.streaming_guard import import_streaming
-    from llmfoundry.data.tokenizers import build_tokenizer
-
     parser = argparse.ArgumentParser(prog="convert_finetuning_dataset", description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", required=True, help="a .jsonl file, hub id, dataset folder, 'json', or s3://folder")
     parser.add_argument("--data_subset", default=None, help="dataset config name")
@@ -69,7 +69,6 @@ def main(argv: list[str] | None = None) -> int:
     compression = None if str(args.compression).lower() in ("none", "") else args.compression
     dtype = common.tokens_dtype(common.vocab_size_of(tokenizer) + 1)  # labels hold -100: stored signed below
     signed = "int32" if dtype.itemsize <= 4 else "int64"
-    streaming = import_streaming()
     for split in args.splits:
         hf_kwargs = {}
         name = args.dataset

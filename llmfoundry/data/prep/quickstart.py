@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import shutil
 import sysconfig
-from pathlib import Path
-
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from llmfoundry.config.fields import option
+from llmfoundry.data.prep import text
+from llmfoundry.data.tokenizer_training import train_bpe_tokenizer
+
 
 @dataclass(kw_only=True)
 class PrepareDataConfig:
@@ -40,9 +42,6 @@ def stdlib_files(limit: int) -> list[Path]:
 
 def prepare(settings: PrepareDataConfig) -> None:
     """Create folder/tokenizer, folder/train and folder/val unless they already exist."""
-    from llmfoundry.data.prep import text
-    from llmfoundry.data.tokenizer_training import train_bpe_tokenizer
-
     folder = Path(settings.folder)
     tokenizer_dir = folder / "tokenizer"
     splits = {"train": folder / "train", "val": folder / "val"}

@@ -13,6 +13,7 @@ import argparse
 import hashlib
 import json
 import logging
+import os
 import time
 from dataclasses import asdict
 
@@ -20,6 +21,8 @@ from llmfoundry.core import objectstore
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.data.prep import common
 from llmfoundry.data.prep.common import ConcatSpec
+from llmfoundry.data.sources import mp_context
+from llmfoundry.data.tokenizers import build_tokenizer
 
 PROGRESS_FILE = "llmfoundry_progress.json"
 log = logging.getLogger(__name__)
@@ -57,11 +60,7 @@ def _read_text(path: str) -> str:
 
 def _convert_group(job: dict) -> dict:
     """Worker: one group of files -> MDS in its part folder. Runs in its own process."""
-    import os
-
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    from llmfoundry.data.tokenizers import build_tokenizer
-
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one process per core already
     tokenizer = build_tokenizer(job["tokenizer"], job["tokenizer_kwargs"], cli=True)
     spec = ConcatSpec(**job["spec"])
     objectstore.remove_tree(job["out"])  # a part left half-written by an interrupted run
@@ -99,8 +98,6 @@ def merge_group_indexes(output: str, parts: list[str]) -> int:
 
 
 def convert(args) -> dict:
-    from llmfoundry.data.tokenizers import build_tokenizer
-
     compression = None if str(args.compression).lower() in ("none", "") else args.compression
     tokenizer_kwargs = common.tokenizer_kwargs_from_args(args)  # with trust_remote_code: the workers get it too
     tokenizer = build_tokenizer(args.tokenizer, tokenizer_kwargs, cli=True)
@@ -168,7 +165,7 @@ def convert(args) -> dict:
             for job in jobs:
                 record(_convert_group(job))
         else:
-            with common.mp_context().Pool(min(processes, len(jobs))) as pool:
+            with mp_context().Pool(min(processes, len(jobs))) as pool:
                 for result in pool.imap_unordered(_convert_group, jobs):
                     record(result)
     finally:

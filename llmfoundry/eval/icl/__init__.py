@@ -1,11 +1,11 @@
 """In-context-learning task types, prompt building, batching and scoring.
 
 Importing this module registers the task types (``registry.icl_task_types``: language_modeling, multiple_choice,
-schema, generation_task_with_answers) and the choice rules (``registry.metrics``: accuracy, acc, acc_norm).
+schema, generation_task_with_answers) and the choice rules (``registry.metrics``: accuracy, acc, acc_norm). What a
+plugin's task type or choice rule must provide: ``ICLTask`` (tasks.py) and metrics.py's docstring.
 """
 
 from llmfoundry.eval.icl.metrics import (
-    CHOICE_RULES,
     SequenceScore,
     generation_correct,
     normalize_answer,
@@ -24,7 +24,6 @@ from llmfoundry.eval.icl.tasks import (
 )
 
 __all__ = [
-    "CHOICE_RULES",
     "Example",
     "GenerationTask",
     "ICLTask",

@@ -1,6 +1,10 @@
 """Scoring rules: from per-choice log-likelihoods (or a generated text) to correct/incorrect per example.
 
-Multiple choice and schema tasks report three rules over the choices' continuation log-likelihoods:
+Tasks scored by choices (multiple choice, schema) report every *choice rule* registered in ``registry.metrics``:
+a function ``rule(scores: list[SequenceScore], choice_texts: list[str]) -> int`` that returns the index of the
+choice it picks; an example counts as correct under a rule when that index is the gold one, and the rule's name
+is the metric's name (``icl/{label}/{n}-shot/{name}``). A plugin adds one with
+``@registry.metrics.register("my_rule")``. The built-in rules:
 
 * ``accuracy`` — llm-foundry's rule: the choice with the lowest mean per-token loss (= highest mean log-prob).
 * ``acc`` — lm-evaluation-harness: the highest summed log-likelihood.
@@ -54,8 +58,6 @@ def length_normalised_choice(scores: list[SequenceScore], choice_texts: list[str
     """lm-evaluation-harness ``acc_norm``: highest log-likelihood per character of the choice text."""
     return _argmax([s.logprob / max(len(t), 1) for s, t in zip(scores, choice_texts)])
 
-
-CHOICE_RULES = {"accuracy": mean_token_choice, "acc": summed_logprob_choice, "acc_norm": length_normalised_choice}
 
 # llm-foundry's set (TriviaQA's evaluation script): ASCII punctuation plus typographic quotes and accents.
 _PUNCTUATION = frozenset(string.punctuation + "‘’´`")

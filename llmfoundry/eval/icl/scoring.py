@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from transformers import StoppingCriteriaList
 
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.eval.icl.metrics import SequenceScore
@@ -350,8 +351,6 @@ def generate_greedy(
         mask[i, width - len(p) :] = 1
     ids, mask = ids.to(device), mask.to(device)
     if hasattr(model, "generate"):
-        from transformers import StoppingCriteriaList
-
         kwargs = {"do_sample": False, "pad_token_id": pad_id, "eos_token_id": eos_id, "synced_gpus": synced, **user}
         criteria = [_StopOnStrings(tokenizer, stop_strings, width)] if stop_strings else []
         criteria += list(kwargs.pop("stopping_criteria", None) or [])

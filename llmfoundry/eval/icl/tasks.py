@@ -89,8 +89,26 @@ def trim_left(context: list[int], continuation: list[int], max_len: int, label: 
 
 
 class ICLTask:
-    """Base task type: context/answer records (``context`` + ``continuation`` or ``answer``)."""
+    """Base task type: context/answer records (``context`` + ``continuation`` or ``answer``).
 
+    A task type is a subclass of ICLTask registered under the ``icl_task_type`` name that selects it
+    (``@registry.icl_task_types.register("my_type")``, e.g. from a file in a recipe's ``code_paths``). The
+    evaluator makes one instance per (task, num_fewshot) as ``cls(cfg, tokenizer, max_seq_len)`` and calls
+    ``prepare(records, num_fewshot)``, which returns one ``Example`` per record, in file order, with ``index``
+    set to the record's position; a ``Sequence`` with no context gets the BOS (or EOS) token put in front.
+    The class attribute ``scoring`` says what each Example holds and which metrics the task reports:
+
+    * ``"greedy"``: one Sequence; correct when every continuation token is the model's argmax (accuracy, acc);
+    * ``"choices"``: one Sequence per choice, the ``gold`` index and ``choice_texts``; every choice rule in
+      ``registry.metrics`` picks a choice and is correct when it picks gold (one metric per rule);
+    * ``"generation"``: the ``prompt`` tokens and acceptable ``answers``; the task sets ``max_new_tokens`` in
+      ``prepare``; the greedy generation, cut at ``early_stopping_criteria``, must start with an answer (accuracy).
+
+    A new record format usually subclasses the built-in type it scores like and overrides ``required_keys`` and
+    ``build(record, preamble) -> Example`` (and ``context``/``answer`` for how its few-shot examples read).
+    """
+
+    scoring = "greedy"
     context_key = "context"
     answer_key = "continuation"
     required_keys: tuple[str, ...] = ("context", "continuation")
@@ -102,11 +120,13 @@ class ICLTask:
         self.prefix_space = needs_prefix_space(tokenizer)
 
     # --- text -----------------------------------------------------------------------------------------------
+    def spaced(self, text: str) -> str:
+        """``text`` with the leading space that a GPT-2-like tokenizer needs before an answer."""
+        return " " + text if self.prefix_space and not text.startswith(" ") else text
+
     def answer(self, record: dict[str, Any], in_context: bool) -> str:
         answer = str(record[self.answer_key])
-        if self.prefix_space and not in_context and not answer.startswith(" "):
-            answer = " " + answer
-        return answer
+        return answer if in_context else self.spaced(answer)
 
     def context(self, record: dict[str, Any], preceding: str, add_answer: bool) -> str:
         text = self.cfg.question_prelimiter + str(record[self.context_key])
@@ -177,6 +197,7 @@ class LanguageModelingTask(ICLTask):
 class MultipleChoiceTask(ICLTask):
     """``query`` + ``choices`` + ``gold``; every choice is scored as a continuation of the same context."""
 
+    scoring = "choices"
     context_key = "query"
     required_keys = ("query", "choices", "gold")
 
@@ -188,10 +209,7 @@ class MultipleChoiceTask(ICLTask):
         ctx_tokens = self.encode_preamble(preamble) + self.encode_context(context)
         sequences = []
         for choice in record["choices"]:
-            choice = str(choice)
-            if self.prefix_space and not choice.startswith(" "):
-                choice = " " + choice
-            cont = encode(self.tokenizer, choice, False)
+            cont = encode(self.tokenizer, self.spaced(str(choice)), False)
             tokens = trim_left(ctx_tokens, cont, self.max_seq_len, self.cfg.label)
             sequences.append(Sequence(tokens + cont, len(tokens)))
         return Example(
@@ -208,13 +226,8 @@ class SchemaTask(ICLTask):
     """``context_options`` + ``continuation`` + ``gold``: the shared continuation is scored after each context
     (partial scoring, Trinh & Le 2018)."""
 
+    scoring = "choices"
     required_keys = ("context_options", "continuation", "gold")
-
-    def answer(self, record: dict[str, Any], in_context: bool) -> str:
-        answer = str(record["continuation"])
-        if self.prefix_space and not in_context and not answer.startswith(" "):
-            answer = " " + answer
-        return answer
 
     def context(self, record: dict[str, Any], preceding: str, add_answer: bool) -> str:
         # A solved shot: the gold context and the continuation (llm-foundry puts the prelimiter first).
@@ -253,6 +266,7 @@ class GenerationTask(ICLTask):
     """``context`` + ``answer`` (+ ``aliases``, ``chain_of_thought``): greedy generation, cut at the stop strings
     and after the last ``cot_delimiter``; correct when it starts with an acceptable answer (after normalisation)."""
 
+    scoring = "generation"
     answer_key = "answer"
     required_keys = ("context", "answer")
 

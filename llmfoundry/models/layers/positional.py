@@ -31,6 +31,17 @@ def alibi_bias(slopes: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -
     return distance[:, None, :, :] * slopes[None, :, None, None]
 
 
+def segment_positions(segment_ids: torch.Tensor) -> torch.Tensor:
+    """(B, T) segment ids -> (B, T) positions counted from the first token of each segment, a segment being a run
+    of equal ids (one packed document, or a run of padding), so that each sees the positions it would see alone."""
+    B, T = segment_ids.shape
+    idx = torch.arange(T, device=segment_ids.device).expand(B, T)
+    starts = torch.ones_like(segment_ids, dtype=torch.bool)
+    starts[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
+    segment_start = torch.where(starts, idx, torch.zeros_like(idx)).cummax(dim=-1).values
+    return idx - segment_start
+
+
 class RotaryEmbedding(torch.nn.Module):
     """cos/sin tables for RoPE, in the rotate-half layout that Llama (and flash-attn's non-interleaved mode) use."""
 

@@ -2,7 +2,14 @@
 
 The dataclasses below are the single source of truth for every key and default. ``MPTConfig`` stores the same
 values as plain attributes (nested sections as dicts, so that ``config.json`` stays readable and llm-foundry-like)
-and turns them back into the typed form with ``config.arch()``.
+for transformers' save_pretrained / from_pretrained / generate machinery.
+
+Where an architecture key such as ``model.n_layers`` travels, and the one place each route validates it:
+
+* a recipe: the schema validates ``MPTModelSettings`` (incl. ``check_settings``) -> ``settings.arch()`` ->
+  ``MPTForCausalLM.from_arch(arch)``, whose ``MPTConfig.from_arch`` only copies the values out for saving;
+* a folder: ``config.json`` -> ``MPTConfig(**values)`` parses and validates -> ``MPTForCausalLM(config)``
+  takes the typed ``config.arch()`` made there.
 
 Names and defaults follow llm-foundry, except ``attn_impl`` whose default is ``sdpa`` so that the default model
 runs on a CPU.
@@ -18,8 +25,8 @@ from typing import Any, Literal
 
 from transformers import PretrainedConfig
 
-from llmfoundry.core.errors import ConfigError, did_you_mean
 from llmfoundry.config.fields import option
+from llmfoundry.core.errors import ConfigError, did_you_mean
 
 NormType = Literal["layernorm", "low_precision_layernorm", "rmsnorm", "low_precision_rmsnorm"]
 InitName = Literal[
@@ -246,6 +253,7 @@ class MPTConfig(PretrainedConfig):
     attribute_map = {"hidden_size": "d_model", "num_attention_heads": "n_heads", "num_hidden_layers": "n_layers"}
 
     def __init__(self, **kwargs: Any):
+        """Parse and validate untyped values: a config.json read by from_pretrained, or MPTConfig(d_model=...)."""
         arch_values = {k: kwargs.pop(k) for k in list(kwargs) if k in ARCH_KEYS}
         # llm-foundry configs saved with older keys: accept and drop the ones that never change the network's
         # outputs (fc_type picks a Linear implementation; use_pad_tok_in_ffn only skips padding in the FFN).
@@ -253,20 +261,41 @@ class MPTConfig(PretrainedConfig):
             kwargs.pop(legacy, None)
         if kwargs.pop("block_overrides", None):
             raise ConfigError("model.block_overrides: per-block architecture overrides are not supported")
-        arch = from_dict(MPTArch, arch_values, "model")
-        arch.validate()
+        self._adopt(_parse_arch(arch_values), kwargs)
+
+    @classmethod
+    def from_arch(cls, arch: MPTArch, **kwargs: Any) -> "MPTConfig":
+        """The config of an architecture that is already valid (the recipe schema checked it): its values are
+        copied into attributes for transformers, and nothing is parsed or validated again."""
+        config = cls.__new__(cls)
+        config._adopt(arch, kwargs)
+        return config
+
+    def _adopt(self, arch: MPTArch, kwargs: dict[str, Any]) -> None:
+        self._arch = arch
         for key, value in to_dict(arch).items():
-            if key != "tie_word_embeddings":
+            if key != "tie_word_embeddings":  # a PretrainedConfig argument of its own
                 setattr(self, key, value)
         super().__init__(tie_word_embeddings=arch.tie_word_embeddings, **kwargs)
 
     def arch(self) -> MPTArch:
-        """The typed architecture these attributes describe."""
-        return from_dict(MPTArch, {k: getattr(self, k) for k in ARCH_KEYS}, "model")
+        """The typed architecture this config was made from. Attributes assigned since then (hf_causal_lm's
+        config_overrides do that) are new values, so they are parsed and validated here, once."""
+        values = {k: getattr(self, k) for k in ARCH_KEYS}
+        if values != to_dict(self._arch):
+            self._arch = _parse_arch(values)
+        return self._arch
 
-    @classmethod
-    def from_arch(cls, arch: MPTArch, **kwargs: Any) -> "MPTConfig":
-        return cls(**to_dict(arch), **kwargs)
+    def to_dict(self) -> dict[str, Any]:
+        values = super().to_dict()
+        del values["_arch"]  # the typed form of the attributes above, not a key of its own
+        return values
+
+
+def _parse_arch(values: dict[str, Any]) -> MPTArch:
+    arch = from_dict(MPTArch, values, "model")
+    arch.validate()
+    return arch
 
 
 def resolve_attn_impl(impl: str) -> str:
@@ -292,3 +321,7 @@ class MPTModelSettings(MPTArch):
         "start from this folder: our MPT, transformers' MPT or a Llama-style model (its config.json then defines "
         "the architecture; attn_impl, dropouts and init_device still come from here)",
     )
+
+    def arch(self) -> MPTArch:
+        """The architecture part of these settings (the recipe schema has validated it with them)."""
+        return MPTArch(**{key: getattr(self, key) for key in ARCH_KEYS})

@@ -9,6 +9,7 @@ llm-foundry checkpoints and transformers' MptForCausalLM map onto this model one
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -21,7 +22,8 @@ from llmfoundry.models.layers.attention import Attention, AttentionMask
 from llmfoundry.models.layers.ffn import build_ffn
 from llmfoundry.models.layers.init import init_module
 from llmfoundry.models.layers.norm import build_norm
-from llmfoundry.models.layers.positional import RotaryEmbedding, alibi_slopes
+from llmfoundry.models.layers.positional import RotaryEmbedding, alibi_slopes, segment_positions
+from llmfoundry.models.loss import causal_lm_loss
 from llmfoundry.models.mpt.config import MPTArch, MPTConfig, resolve_attn_impl
 
 
@@ -104,11 +106,7 @@ def _positions(B: int, T: int, past: int, attention_mask, sequence_id, device) -
     each packed document, so that a padded or packed sequence sees the positions it would see alone."""
     if sequence_id is not None:  # packed training rows (no cache): a run of padding is a segment of its own
         segment = sequence_id if attention_mask is None else sequence_id.masked_fill(attention_mask[:, -T:] == 0, -1)
-        idx = torch.arange(T, device=device).expand(B, T)
-        starts = torch.ones_like(segment, dtype=torch.bool)
-        starts[:, 1:] = segment[:, 1:] != segment[:, :-1]
-        segment_start = torch.where(starts, idx, torch.zeros_like(idx)).cummax(dim=-1).values
-        return idx - segment_start
+        return segment_positions(segment)
     if attention_mask is not None and not bool(attention_mask.all()):
         positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, S)
         return positions[:, -T:]
@@ -132,12 +130,17 @@ class MPTForCausalLM(MPTPreTrainedModel, GenerationMixin):
         self.arch = arch = config.arch()
         # init_device: meta creates parameters without storage; the trainer materialises them shard by shard
         # (to_empty) and then calls init_parameters().
-        device = torch.device("meta") if arch.init_device == "meta" else None
-        with device if device is not None else _nullcontext():
+        with torch.device("meta") if arch.init_device == "meta" else contextlib.nullcontext():
             self.transformer = MPTModel(arch)
             self.lm_head = None if arch.tie_word_embeddings else nn.Linear(arch.d_model, arch.vocab_size, bias=False)
         self.logit_scale = 1 / math.sqrt(arch.d_model) if arch.logit_scale == "inv_sqrt_d_model" else arch.logit_scale
         self.post_init()
+
+    @classmethod
+    def from_arch(cls, arch: MPTArch) -> "MPTForCausalLM":
+        """A freshly initialised model of a valid architecture (a recipe's, which its schema validated); the
+        MPTConfig made from it serves save_pretrained and generate."""
+        return cls(MPTConfig.from_arch(arch))
 
     # -- what the trainer relies on ---------------------------------------------------------------------------
     def blocks(self) -> list[nn.Module]:
@@ -194,17 +197,3 @@ class MPTForCausalLM(MPTPreTrainedModel, GenerationMixin):
 
         loss = causal_lm_loss(logits, labels) if labels is not None else None
         return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=cache if use_cache else None)
-
-
-def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy of position t predicting labels[t + 1]; -100 is ignored (labels are not pre-shifted)."""
-    shifted = logits[:, :-1].reshape(-1, logits.shape[-1]).float()
-    return F.cross_entropy(shifted, labels[:, 1:].reshape(-1), ignore_index=-100)
-
-
-class _nullcontext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False

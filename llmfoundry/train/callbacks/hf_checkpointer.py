@@ -1,7 +1,7 @@
 """hf_checkpointer: every ``save_interval``, export the model as a Hugging Face folder (transformers-native classes).
 
 The weights are gathered from every rank (FSDP shards included) into a fresh copy of the model on rank 0, which
-``llmfoundry.models.convert.export_hf`` writes to ``save_folder/ba{batch}`` (and at the end of training).
+``llmfoundry.models.hf_export.export_hf`` writes to ``save_folder/ba{batch}`` (and at the end of training).
 """
 
 from __future__ import annotations
@@ -13,9 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from llmfoundry.core.errors import ConfigError
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+from llmfoundry.config.checks import TimeString
 from llmfoundry.config.fields import option
+from llmfoundry.core import dist, objectstore
+from llmfoundry.core.errors import ConfigError
+from llmfoundry.models.hf_export import export_hf
 from llmfoundry.registry import callbacks
+from llmfoundry.train.builders import build_model
 from llmfoundry.train.callbacks.base import Callback
 
 log = logging.getLogger(__name__)
@@ -24,23 +30,21 @@ log = logging.getLogger(__name__)
 @dataclass
 class HFCheckpointerSettings:
     save_folder: str = option(doc="local folder for the exported models (one sub-folder per export: ba{batch})")
-    save_interval: str = option("1dur", "how often to export, e.g. 1000ba (and always at the end of training)")
+    save_interval: TimeString = option("1dur", "how often to export, e.g. 1000ba (and always at the end of training)")
     precision: Literal["fp32", "bf16", "fp16", "float32", "bfloat16", "float16"] = option(
         "bf16", "dtype of the exported weights"
     )
     overwrite: bool = option(False, "replace an export folder that already exists")
 
-
-_DTYPE_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+    def check_settings(self, path: str) -> list[str]:
+        if objectstore.is_remote(self.save_folder):
+            return [f"{path}.save_folder: only local folders are supported yet (export locally, then copy)"]
+        return []
 
 
 class HFCheckpointer(Callback):
     def __init__(self, settings: HFCheckpointerSettings):
-        if settings.save_folder.startswith("s3://"):
-            raise ConfigError("callbacks.hf_checkpointer.save_folder: only local folders are supported yet "
-                              "(export locally, then copy)")
         self.s = settings
-        self.dtype = _DTYPE_NAMES.get(settings.precision, settings.precision)
         self.every = None
         self.last = -1
         self.exported: list[Path] = []
@@ -61,12 +65,6 @@ class HFCheckpointer(Callback):
 
     def export(self, trainer) -> Path | None:
         """Collective: every rank calls it. Returns the folder on rank 0."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        from llmfoundry.models.convert import export_hf
-        from llmfoundry.core import dist
-        from llmfoundry.train.builders import build_model
-
         self.last = trainer.time.batch
         full = get_model_state_dict(trainer.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         out = Path(self.s.save_folder) / f"ba{trainer.time.batch}"
@@ -83,7 +81,7 @@ class HFCheckpointer(Callback):
             copy = build_model(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, settings=settings)),
                                trainer.tokenizer)
             copy.load_state_dict(full)
-            export_hf(copy.eval(), trainer.tokenizer, out, self.dtype)
+            export_hf(copy.eval(), trainer.tokenizer, out, self.s.precision)  # any name in core.precision.DTYPES
             self.exported.append(out)
             trainer._print(f"hf_checkpointer: exported {out}")
         dist.barrier()

@@ -16,6 +16,7 @@ from typing import Literal
 from llmfoundry.config.fields import option
 from llmfoundry.registry import callbacks
 from llmfoundry.train.callbacks.base import Callback
+from llmfoundry.train.errors import TrainingStopped
 
 
 @dataclass
@@ -46,8 +47,6 @@ class LossSpikeGuard(Callback):
         return None
 
     def should_skip_step(self, trainer, loss):
-        from llmfoundry.train.trainer import TrainingStopped
-
         problem = self._problem(loss)
         if problem is None:
             self.history.append(loss)

@@ -41,12 +41,11 @@ class SpeedMonitor(Callback):
     def __init__(self, settings: SpeedMonitorSettings):
         self.settings = settings
         self.window: deque[tuple[float, int, int]] = deque(maxlen=settings.window_size + 1)  # (time, samples, tokens)
-        self.flops_per_token: float | None = None
+        self.flops_per_token = 0.0
         self.peak: float | None = None
 
     def on_fit_start(self, trainer):
-        fn = getattr(trainer.model, "flops_per_token", None)
-        self.flops_per_token = float(fn(trainer.cfg.max_seq_len)) if callable(fn) else None
+        self.flops_per_token = float(trainer.model.flops_per_token(trainer.cfg.max_seq_len))
         self.peak = self.settings.peak_tflops or device_peak_tflops(trainer.device)
         self.window.clear()
 
@@ -65,11 +64,10 @@ class SpeedMonitor(Callback):
         metrics["throughput/tokens_per_sec"] = tokens_per_s
         metrics["throughput/device/samples_per_sec"] = (s1 - s0) / seconds / world
         metrics["throughput/device/tokens_per_sec"] = tokens_per_s / world
-        if self.flops_per_token is not None:
-            flops = tokens_per_s * self.flops_per_token / world
-            metrics["throughput/device/tflops_per_sec"] = flops / 1e12
-            if self.peak:
-                metrics["throughput/device/mfu"] = flops / (self.peak * 1e12)
+        flops = tokens_per_s * self.flops_per_token / world
+        metrics["throughput/device/tflops_per_sec"] = flops / 1e12
+        if self.peak:
+            metrics["throughput/device/mfu"] = flops / (self.peak * 1e12)
 
 
 @callbacks.register("speed_monitor", config=SpeedMonitorSettings)

@@ -1,4 +1,4 @@
-"""Hugging Face interop: export our MPT to transformers' own classes, import them back, open any model folder.
+"""Export our MPT to transformers' own classes (what ``llmfoundry convert`` writes).
 
 Export picks the transformers class that can express the architecture:
 
@@ -9,33 +9,29 @@ Export picks the transformers class that can express the architecture:
 
 Anything else is a ConfigError that names each option that stands in the way, because a silently different
 exported model is worse than none. Our parameter names already match transformers' MPT, so the MPT mapping is
-the identity; the Llama one splits the fused Wqkv into q/k/v projections.
+the identity; the Llama one splits the fused Wqkv into q/k/v projections. The way back (a transformers folder
+-> our MPT) is llmfoundry.models.hf_import.
 
 ``llmfoundry convert`` (llmfoundry.commands.convert) runs ``export_hf`` on a loaded model.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MptConfig, MptForCausalLM
 
 from llmfoundry.core.errors import ConfigError
-from llmfoundry.models.mpt.config import MPTArch, MPTConfig, from_dict, to_dict
+from llmfoundry.core.precision import DTYPES
+from llmfoundry.models.mpt.config import MPTArch
 from llmfoundry.models.mpt.model import MPTForCausalLM
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-# activation spec (ffn_config.ffn_act_fn) <-> transformers' ACT2FN names
+# activation spec (ffn_config.ffn_act_fn) -> transformers' ACT2FN names
 _ACT_TO_HF = {("gelu", "none"): "gelu", ("gelu", "tanh"): "gelu_pytorch_tanh", ("gelu_tanh", "none"): "gelu_pytorch_tanh",
               ("silu", "none"): "silu", ("relu", "none"): "relu"}  # fmt: skip
-_HF_TO_ACT = {"gelu": {"name": "gelu"}, "gelu_pytorch_tanh": {"name": "gelu", "approximate": "tanh"},
-              "gelu_new": {"name": "gelu", "approximate": "tanh"},
-              "silu": {"name": "silu"}, "swish": {"name": "silu"}, "relu": {"name": "relu"}}  # fmt: skip
 
 
 def _act(arch: MPTArch) -> tuple[str, str]:
@@ -128,7 +124,7 @@ def gpt2_export_problems(arch: MPTArch) -> list[str]:
 
 
 # our MPT block's layers <-> GPT-2's, and whether the weight is stored transposed (GPT-2's Conv1D is x @ W)
-_GPT2_BLOCK = (("norm_1", "ln_1", False), ("attn.Wqkv", "attn.c_attn", True), ("attn.out_proj", "attn.c_proj", True),
+GPT2_BLOCK_LAYERS = (("norm_1", "ln_1", False), ("attn.Wqkv", "attn.c_attn", True), ("attn.out_proj", "attn.c_proj", True),
                ("norm_2", "ln_2", False), ("ffn.up_proj", "mlp.c_fc", True), ("ffn.down_proj", "mlp.c_proj", True))
 
 
@@ -171,8 +167,6 @@ def _unfused_qkv(arch: MPTArch, state: dict[str, torch.Tensor], i: int, kind: st
 
 
 def _mpt_from_state(arch: MPTArch, state: dict, tokens: dict) -> nn.Module:
-    from transformers import MptConfig, MptForCausalLM
-
     a = arch.attn_config
     config = MptConfig(
         d_model=arch.d_model, n_heads=arch.n_heads, n_layers=arch.n_layers, expansion_ratio=4,
@@ -195,8 +189,6 @@ def _mpt_from_state(arch: MPTArch, state: dict, tokens: dict) -> nn.Module:
 
 
 def _llama_from_state(arch: MPTArch, state: dict, tokens: dict) -> nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     config = LlamaConfig(
         vocab_size=arch.vocab_size, hidden_size=arch.d_model, intermediate_size=arch.ffn_hidden,
         num_hidden_layers=arch.n_layers, num_attention_heads=arch.n_heads, num_key_value_heads=arch.kv_heads,
@@ -226,8 +218,6 @@ def _llama_from_state(arch: MPTArch, state: dict, tokens: dict) -> nn.Module:
 
 
 def _gpt2_from_state(arch: MPTArch, state: dict, tokens: dict) -> nn.Module:
-    from transformers import GPT2Config, GPT2LMHeadModel
-
     config = GPT2Config(
         vocab_size=arch.vocab_size, n_positions=arch.max_seq_len, n_embd=arch.d_model, n_layer=arch.n_layers,
         n_head=arch.n_heads, n_inner=arch.ffn_hidden, activation_function=_ACT_TO_HF[_act(arch)],
@@ -248,7 +238,7 @@ def _gpt2_from_state(arch: MPTArch, state: dict, tokens: dict) -> nn.Module:
             q, k, v = _unfused_qkv(arch, state, i, kind)
             if q is not None:
                 layers[src + f"attn.Wqkv.{kind}"] = torch.cat([q, k, v])
-        for ours, theirs, transposed in _GPT2_BLOCK:
+        for ours, theirs, transposed in GPT2_BLOCK_LAYERS:
             weight = layers[src + f"{ours}.weight"]
             out[dst + f"{theirs}.weight"] = weight.t().contiguous() if transposed else weight
             out[dst + f"{theirs}.bias"] = layers.get(src + f"{ours}.bias", zeros(weight.shape[0]))
@@ -303,181 +293,3 @@ def export_hf(model: nn.Module, tokenizer, out_dir: str | Path, dtype: str = "fp
     if tokenizer is not None:
         tokenizer.save_pretrained(out_dir)
     return type(hf_model).__name__
-
-
-# -- import -------------------------------------------------------------------------------------------------
-
-def _mpt_options_transformers_drops(config, attn) -> list[str]:
-    """Options of an llm-foundry-style MPT config.json that transformers' MptForCausalLM silently ignores (it is
-    always ALiBi, multi-head, bias-free, LayerNorm, GELU MLP of width 4 * d_model)."""
-    ffn = getattr(config, "ffn_config", None) or {}
-    checks = [
-        ("no_bias", getattr(config, "no_bias", True), True),
-        ("expansion_ratio", getattr(config, "expansion_ratio", 4), 4),
-        ("logit_scale", getattr(config, "logit_scale", None), None),
-        ("attn_config.alibi", attn("alibi", True), True),
-        ("attn_config.attn_type", attn("attn_type", "multihead_attention"), "multihead_attention"),
-        ("attn_config.qk_ln", attn("qk_ln", False), False),
-        ("attn_config.qk_gn", attn("qk_gn", False), False),
-        ("attn_config.prefix_lm", attn("prefix_lm", False), False),
-        ("attn_config.rope", attn("rope", False), False),
-        ("ffn_config.ffn_type", ffn.get("ffn_type", "mptmlp") if isinstance(ffn, dict) else "mptmlp", "mptmlp"),
-    ]
-    lost = [f"{key}: {value}" for key, value, expected in checks if value != expected]
-    if getattr(config, "norm_type", "low_precision_layernorm") not in ("layernorm", "low_precision_layernorm"):
-        lost.append(f"norm_type: {config.norm_type}")
-    return lost
-
-
-def arch_from_transformers(config) -> MPTArch:
-    """The MPT architecture equivalent to a transformers MptConfig or LlamaConfig (ConfigError otherwise)."""
-    kind = getattr(config, "model_type", None)
-    if kind == "mpt":
-        a = config.attn_config
-        get = (lambda k, d=None: a.get(k, d)) if isinstance(a, dict) else (lambda k, d=None: getattr(a, k, d))
-        lost = _mpt_options_transformers_drops(config, get)
-        if lost:
-            raise ConfigError(f"model: this MPT config.json sets {', '.join(lost)}, which transformers' "
-                              "MptForCausalLM (used to read its weights) does not implement, so the import would "
-                              "change the model; convert from the llm-foundry checkpoint it came from instead")
-        return from_dict(MPTArch, dict(
-            d_model=config.d_model, n_heads=config.n_heads, n_layers=config.n_layers, expansion_ratio=4,
-            max_seq_len=config.max_seq_len, vocab_size=config.vocab_size, norm_eps=config.layer_norm_epsilon,
-            learned_pos_emb=False, no_bias=True, norm_type="low_precision_layernorm",
-            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", True)),
-            attn_config={"alibi": True, "alibi_bias_max": get("alibi_bias_max", 8), "clip_qkv": get("clip_qkv"),
-                         "softmax_scale": get("softmax_scale")},
-        ), "model")  # fmt: skip
-    if kind == "gpt2":
-        if getattr(config, "scale_attn_by_inverse_layer_idx", False) or getattr(config, "add_cross_attention", False):
-            raise ConfigError("model: GPT-2 variants with scale_attn_by_inverse_layer_idx or cross-attention cannot "
-                              "be imported as mpt_causal_lm")
-        if config.activation_function not in _HF_TO_ACT:
-            raise ConfigError(f"model: activation '{config.activation_function}' is not supported by mpt_causal_lm")
-        return from_dict(MPTArch, dict(
-            d_model=config.n_embd, n_heads=config.n_head, n_layers=config.n_layer, max_seq_len=config.n_positions,
-            vocab_size=config.vocab_size, norm_eps=config.layer_norm_epsilon, learned_pos_emb=True, no_bias=False,
-            norm_type="layernorm", tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", True)),
-            ffn_config={"ffn_type": "mptmlp", "ffn_hidden_size": config.n_inner or 4 * config.n_embd,
-                        "ffn_act_fn": _HF_TO_ACT[config.activation_function]},
-        ), "model")  # fmt: skip
-    if kind == "llama":
-        rope = dict(getattr(config, "rope_parameters", None) or {})
-        if rope.get("rope_type", "default") != "default":
-            raise ConfigError(f"model: RoPE scaling '{rope.get('rope_type')}' is not supported by mpt_causal_lm")
-        if config.hidden_act not in _HF_TO_ACT:
-            raise ConfigError(f"model: activation '{config.hidden_act}' is not supported by mpt_causal_lm")
-        n_heads, kv = config.num_attention_heads, config.num_key_value_heads or config.num_attention_heads
-        attn = {"rope": True, "rope_theta": float(rope.get("rope_theta", 10000.0))}
-        if kv != n_heads:
-            attn.update(attn_type="grouped_query_attention", kv_n_heads=kv)
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads
-        return from_dict(MPTArch, dict(
-            d_model=config.hidden_size, n_heads=n_heads, n_layers=config.num_hidden_layers,
-            head_dim=None if head_dim * n_heads == config.hidden_size else head_dim,
-            max_seq_len=config.max_position_embeddings, vocab_size=config.vocab_size, norm_eps=config.rms_norm_eps,
-            learned_pos_emb=False, no_bias=not getattr(config, "mlp_bias", False),
-            attention_bias=bool(getattr(config, "attention_bias", False)), norm_type="rmsnorm",
-            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)), attn_config=attn,
-            ffn_config={"ffn_type": "mptglu", "ffn_hidden_size": config.intermediate_size,
-                        "ffn_act_fn": _HF_TO_ACT[config.hidden_act]},
-        ), "model")  # fmt: skip
-    raise ConfigError(f"model: cannot import a '{kind}' model as mpt_causal_lm (supported: mpt, llama, gpt2; "
-                      "use model.name: hf_causal_lm for other architectures)")  # fmt: skip
-
-
-def from_transformers(hf_model: nn.Module, **arch_overrides: Any) -> MPTForCausalLM:
-    """Our MPTForCausalLM with the weights of a transformers MptForCausalLM, LlamaForCausalLM or GPT2LMHeadModel."""
-    arch = arch_from_transformers(hf_model.config)
-    values = to_dict(arch)
-    attn_overrides = arch_overrides.pop("attn_config", {})
-    values.update(arch_overrides)
-    values["attn_config"].update(attn_overrides)
-    arch = from_dict(MPTArch, values, "model")
-    arch.init_device = "cpu"  # weights are copied in right away
-    state = {k: v.detach() for k, v in hf_model.state_dict().items()}
-    kind = hf_model.config.model_type
-    if kind == "mpt":  # our parameter names are transformers' MPT names
-        ours = {k: v for k, v in state.items() if not (k == "lm_head.weight" and arch.tie_word_embeddings)}
-    else:
-        ours = (_state_from_gpt2 if kind == "gpt2" else _state_from_llama)(arch, state)
-    if not arch.attn_config.fused_qkv:
-        arch.attn_config.fused_qkv = True  # imported weights come fused; keep the fused layout
-    with torch.device("meta"):
-        model = MPTForCausalLM(MPTConfig.from_arch(arch))
-    model.to_empty(device="cpu")
-    model.to(next(iter(ours.values())).dtype)
-    model.load_state_dict(ours, strict=True)
-    return model.eval()
-
-
-def _outer_state(arch: MPTArch, state: dict, embed: str, norm_f: str) -> dict:
-    """Our embedding, final norm and (untied) head from a transformers state dict's names for them."""
-    ours = {"transformer.wte.weight": state[f"{embed}.weight"]}
-    for kind in ("weight", "bias"):
-        if f"{norm_f}.{kind}" in state:
-            ours[f"transformer.norm_f.{kind}"] = state[f"{norm_f}.{kind}"]
-    if not arch.tie_word_embeddings:
-        ours["lm_head.weight"] = state["lm_head.weight"]
-    return ours
-
-
-def _state_from_gpt2(arch: MPTArch, state: dict) -> dict:
-    ours = _outer_state(arch, state, "transformer.wte", "transformer.ln_f")
-    ours["transformer.wpe.weight"] = state["transformer.wpe.weight"]
-    for i in range(arch.n_layers):
-        src, dst = f"transformer.h.{i}.", f"transformer.blocks.{i}."
-        for mine, theirs, transposed in _GPT2_BLOCK:
-            weight = state[src + f"{theirs}.weight"]
-            ours[dst + f"{mine}.weight"] = weight.t().contiguous() if transposed else weight
-            ours[dst + f"{mine}.bias"] = state[src + f"{theirs}.bias"]
-    return ours
-
-
-def _state_from_llama(arch: MPTArch, state: dict) -> dict:
-    ours = _outer_state(arch, state, "model.embed_tokens", "model.norm")
-    for i in range(arch.n_layers):
-        src, dst = f"model.layers.{i}.", f"transformer.blocks.{i}."
-        ours[dst + "norm_1.weight"] = state[src + "input_layernorm.weight"]
-        ours[dst + "norm_2.weight"] = state[src + "post_attention_layernorm.weight"]
-        for kind in ("weight", "bias"):
-            qkv = [state.get(src + f"self_attn.{n}_proj.{kind}") for n in "qkv"]
-            if qkv[0] is not None:
-                ours[dst + f"attn.Wqkv.{kind}"] = torch.cat(qkv)
-            for theirs, mine in (("self_attn.o_proj", "attn.out_proj"), ("mlp.gate_proj", "ffn.gate_proj"),
-                                 ("mlp.up_proj", "ffn.up_proj"), ("mlp.down_proj", "ffn.down_proj")):  # fmt: skip
-                if src + f"{theirs}.{kind}" in state:
-                    ours[dst + f"{mine}.{kind}"] = state[src + f"{theirs}.{kind}"]
-    return ours
-
-
-def _read_config(path: Path) -> dict:
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise ConfigError(f"{path}: no config.json (not a Hugging Face model folder)")
-    return json.loads(config_file.read_text())
-
-
-def load_as_mpt(path: str | Path, overrides: dict | None = None, attn_overrides: dict | None = None) -> MPTForCausalLM:
-    """Our MPT from a folder holding our MPT, transformers' MPT or a Llama-style model.
-
-    ``overrides`` / ``attn_overrides`` replace run-time options (attn_impl, dropouts, init_device) of the stored
-    architecture.
-    """
-    path = Path(path)
-    overrides, attn_overrides = dict(overrides or {}), dict(attn_overrides or {})
-    model_type = _read_config(path).get("model_type")
-    if model_type == MPTConfig.model_type:
-        config = MPTConfig.from_pretrained(path)
-        for key, value in overrides.items():
-            setattr(config, key, value)
-        config.attn_config = {**config.attn_config, **attn_overrides}
-        config.arch().validate()
-        if config.init_device == "meta":
-            config.init_device = "cpu"  # from_pretrained materialises the weights anyway
-        return MPTForCausalLM.from_pretrained(path, config=config)
-    from transformers import AutoModelForCausalLM
-
-    hf_model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=False)
-    overrides.pop("init_device", None)
-    return from_transformers(hf_model, **overrides, attn_config=attn_overrides)

@@ -1,0 +1,122 @@
+"""Helpers for multi-process tests: real torchrun launches on CPU (gloo), reading what the jobs left behind.
+
+Test modules import these as ``from tests.dist.helpers import ...``; the ``dist_recipe`` fixture is in conftest.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).with_name("_train_worker.py")
+
+
+def torchrun_args(nproc: int) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+
+
+def worker_env() -> dict[str, str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    env.pop("LOCAL_RANK", None)
+    return env
+
+
+def launch(recipe_dict: dict, tmp_path: Path, name: str, nproc: int = 2, overrides=(), entry=None) -> subprocess.Popen:
+    """Start a training job with torchrun (entry: command before the recipe; default: the test worker)."""
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(recipe_dict, sort_keys=False))
+    entry = entry or [*torchrun_args(nproc), str(WORKER)]
+    log = open(tmp_path / f"{name}.log", "w")
+    return subprocess.Popen([*entry, str(path), *overrides], cwd=tmp_path, env=worker_env(), stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def run_job(recipe_dict: dict, tmp_path: Path, name: str, nproc: int = 2, overrides=(), entry=None,
+            timeout: float = 300) -> None:
+    proc = launch(recipe_dict, tmp_path, name, nproc, overrides, entry)
+    try:
+        rc = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc)
+        raise
+    assert rc == 0, (tmp_path / f"{name}.log").read_text()[-4000:]
+
+
+def kill_at_step(proc: subprocess.Popen, metrics: Path, step: int, timeout: float = 300) -> int:
+    """SIGKILL the job's whole process group once rank 0 has logged ``step``; returns the last logged step."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        last = max(losses(metrics), default=0)
+        if last >= step or proc.poll() is not None:
+            break
+        time.sleep(0.02)
+    kill_tree(proc)
+    return max(losses(metrics), default=0)
+
+
+def descendants(pid: int) -> list[int]:
+    """Process ids of ``pid``'s children, grandchildren, ... (torchrun starts its workers in new sessions)."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL a launched job: torchrun and every worker it started, all at the same moment."""
+    for pid in [proc.pid, *descendants(proc.pid)]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+
+
+def losses(path: Path) -> dict[int, float]:
+    """step -> training loss from a jsonl metrics file."""
+    if not path.exists():
+        return {}
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:  # a line cut by SIGKILL
+            pass
+    return {r["step"]: r["loss/train/total"] for r in rows if "step" in r}
+
+
+def checkpoint_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """The model weights of a DCP checkpoint folder, read in this (single) process."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    out = folder.parent / f"{folder.name}.pt"
+    dcp_to_torch_save(str(folder), str(out))
+    state = torch.load(out, weights_only=False)
+    out.unlink()
+    return state["model"]
+
+
+def seen_rows(folder: Path) -> list[dict]:
+    """Rows recorded by the worker's record_samples callback: {"rank", "batch", "rows": [hash, ...]}."""
+    rows = []
+    for path in sorted(folder.glob("samples-*.jsonl")):
+        rows += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return rows
