@@ -14,6 +14,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "convert": ("llmfoundry.commands.convert", "export a checkpoint to a Hugging Face folder"),
     "generate": ("llmfoundry.inference.generate", "generate text from a checkpoint or Hugging Face folder"),
     "chat": ("llmfoundry.inference.chat", "chat with a model in the terminal"),
+    "check": ("llmfoundry.commands.check", "validate a recipe and list what differs from llm-foundry: llmfoundry check "
+              "RECIPE.yaml"),
     "data": ("llmfoundry.data.prep.cli", "prepare datasets as MDS shards: llmfoundry data {text,json,hf,finetuning}"),
 }
 

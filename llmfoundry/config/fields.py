@@ -27,14 +27,17 @@ def option(
     *,
     default_factory: Any = _MISSING,
     unsupported: str | None = None,
+    differs: str | None = None,
     secret: bool = False,
 ) -> Any:
     """A dataclass field with the metadata the validator and the docs generator read.
 
     ``unsupported``: a short description of the feature, for the "not supported yet" error.
+    ``differs``: what this key does here that differs from llm-foundry, shown by ``llmfoundry check`` when a recipe
+    sets the key (a key that behaves as in llm-foundry has none).
     ``secret``: the value is masked when the config is logged.
     """
-    metadata = {"doc": doc, "unsupported": unsupported, "secret": secret}
+    metadata = {"doc": doc, "unsupported": unsupported, "differs": differs, "secret": secret}
     if default_factory is not _MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=metadata)
     if default is _MISSING:
@@ -51,3 +54,7 @@ def doc_of(f: dataclasses.Field) -> str:
 
 def unsupported_reason(f: dataclasses.Field) -> str | None:
     return f.metadata.get("unsupported") if f.metadata else None
+
+
+def difference(f: dataclasses.Field) -> str | None:
+    return f.metadata.get("differs") if f.metadata else None
