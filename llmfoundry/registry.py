@@ -31,6 +31,7 @@ class Entry:
     name: str
     builder: Callable[..., Any]
     config: type | None  # a dataclass describing the builder's config section (without its `name` key)
+    differs: str | None = None  # how this name behaves differently from llm-foundry (shown by `llmfoundry check`)
 
 
 class Registry:
@@ -44,12 +45,13 @@ class Registry:
         self._entries: dict[str, Entry] = {}
         self._loaded = False
 
-    def register(self, name: str, *, config: type | None = None) -> Callable[[Callable], Callable]:
+    def register(self, name: str, *, config: type | None = None,
+                 differs: str | None = None) -> Callable[[Callable], Callable]:
         def decorator(builder: Callable) -> Callable:
             existing = self._entries.get(name)
             if existing is not None and existing.builder is not builder:
                 raise ValueError(f"{self.kind} '{name}' is registered twice")
-            self._entries[name] = Entry(name, builder, config)
+            self._entries[name] = Entry(name, builder, config, differs)
             return builder
 
         return decorator

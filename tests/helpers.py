@@ -5,6 +5,7 @@ Test modules import these as ``from tests.helpers import ...``; no test module i
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -29,6 +30,13 @@ def make_corpus(num_docs: int = 200, seed: int = 0) -> list[str]:
             sentences.append(" ".join(words).capitalize() + ".")
         docs.append(" ".join(sentences))
     return docs
+
+
+def write_prompt_response_jsonl(path: Path, docs: list[str]) -> Path:
+    """A finetuning JSONL file: per document with two sentences or more, the first is the prompt, the rest the response."""
+    rows = [doc.split(". ", 1) for doc in docs if ". " in doc]
+    path.write_text("".join(json.dumps({"prompt": p + ".", "response": " " + r}) + "\n" for p, r in rows))
+    return path
 
 
 def write_text_folder(folder: Path, docs: list[str]) -> Path:
@@ -98,3 +106,30 @@ def weights(trainer) -> dict:
 def batch_rows(batches) -> list[tuple[int, ...]]:
     """Every sample of a sequence of loader batches, as tuples of token ids (to compare data orders)."""
     return [tuple(r) for b in batches for r in b["input_ids"].tolist()]
+
+
+def write_tiny_gpt2(folder: Path, vocab_size: int = 512, seq: int = TINY_RECIPE_SEQ, seed: int = 17) -> Path:
+    """A 2-layer GPT-2 (d 64, 4 heads, no dropout) saved as a Hugging Face folder, for ``hf_causal_lm`` recipes.
+
+    The weights are drawn here from ``seed`` (normal(0, 0.02) for matrices and embeddings, zero biases, unit norm
+    weights), not by transformers' initialisers, so every transformers version writes the same folder.
+    """
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    if (folder / "config.json").exists():
+        return folder
+    config = GPT2Config(vocab_size=vocab_size, n_positions=seq, n_embd=64, n_layer=2, n_head=4,
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    model = GPT2LMHeadModel(config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in sorted(model.transformer.named_parameters()):
+            if name.endswith("bias"):
+                param.zero_()
+            elif param.ndim == 1:
+                param.fill_(1.0)
+            else:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
+    model.save_pretrained(folder)
+    return folder

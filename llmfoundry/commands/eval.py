@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -42,7 +43,7 @@ log = logging.getLogger("llmfoundry.eval")
 
 
 def read_config(path: str, overrides: list[str]) -> EvalConfig:
-    """The validated recipe (YAML + Hydra-grammar overrides + interpolation, then the schema)."""
+    """The validated recipe (YAML + key=value overrides as llm-foundry reads them + interpolation, then the schema)."""
     return load_eval_config(load_config(path, overrides))
 
 
@@ -60,7 +61,8 @@ def run_eval(cfg: EvalConfig) -> dict[str, dict[str, Any]]:
     torch.manual_seed(cfg.seed)
     results: dict[str, dict[str, Any]] = {}
     printed: list[str] = []
-    run_name = cfg.run_name or time.strftime("eval-%Y%m%d-%H%M%S")
+    # as llm-foundry: the recipe's run_name, else $RUN_NAME (llm-foundry then uses 'llm'; we generate one)
+    run_name = cfg.run_name or os.environ.get("RUN_NAME") or time.strftime("eval-%Y%m%d-%H%M%S")
     loggers = build_loggers(cfg, run_name) if info.is_main else []
     for logger in loggers:
         logger.log_hyperparameters(to_plain(cfg))
@@ -130,7 +132,8 @@ def _write_outputs(cfg: EvalConfig, results: dict, printed: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="llmfoundry eval", description=__doc__.splitlines()[0])
     parser.add_argument("recipe", help="eval YAML (e.g. yamls/eval/quickstart.yaml)")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides in Hydra's grammar")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides (OmegaConf dot-list, the value read as "
+                        "YAML, as llm-foundry reads them; also +key=value and ~key)")
     args = parser.parse_args(argv)
     cfg = read_config(args.recipe, args.overrides)
     level = (cfg.python_log_level or "info").upper()

@@ -25,7 +25,8 @@ from llmfoundry.train.trainer import Trainer, device_batch_size
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="llmfoundry train",
-        description="Train from a YAML recipe. Overrides use Hydra's grammar: key=value, +key=value, ~key.",
+        description="Train from a YAML recipe. Overrides are read as llm-foundry reads them (OmegaConf dot-lists: "
+                    "key=value, the value parsed as YAML); Hydra's +key=value, ++key=value and ~key work too.",
     )
     parser.add_argument("recipe", help="path of the YAML recipe, e.g. yamls/quickstart.yaml")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. max_duration=10ba")

@@ -1,8 +1,16 @@
-"""Load a YAML recipe, apply command-line overrides in Hydra's grammar, and resolve interpolations.
+"""Load a YAML recipe, apply command-line overrides as llm-foundry reads them, and resolve interpolations.
 
-Overrides (``a.b=1``, ``+new=2``, ``++force=3``, ``~drop``) may set any key whether or not the YAML mentions it:
-judging whether a key exists is the schema's job (llmfoundry.train.recipe), which reports unknown keys with a
-suggestion. ``${variables.x}`` and every other OmegaConf interpolation are resolved here, once.
+Overrides are OmegaConf dot-lists, as llm-foundry's scripts read them (``om.from_cli`` merged into the YAML):
+``a.b=VALUE`` splits at the first ``=`` and VALUE is parsed as YAML, so ``seed=3`` is an int, ``max_duration=10ba``
+a string, ``betas=[0.9,0.95]`` a list, ``x=null`` (or a bare ``x``) None, ``model={n_layers: 2}`` a mapping merged
+into ``model``, and ``save_folder=s3://b/{run_name}/ckpt`` or ``a=b=c`` plain strings (a value that starts with
+``{`` or ``[`` is YAML flow syntax: quote it, ``save_folder='{run_name}/ckpt'``). A list item is addressed by its
+index (``icl_tasks.0.num_fewshot=[0]``). Hydra's prefixes work too: ``+a.b=1`` and ``++a.b=1`` set a key like
+``a.b=1`` does, and ``~a.b`` deletes one (``~a.b=1`` only when its value is 1).
+
+Overrides may set any key whether or not the YAML mentions it: judging whether a key exists is the schema's job
+(llmfoundry.train.recipe), which reports unknown keys with a suggestion. ``${variables.x}`` and every other
+OmegaConf interpolation are resolved here, once, after the overrides.
 """
 
 from __future__ import annotations
@@ -11,12 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from llmfoundry.core.errors import ConfigError, first_line
+
+_FORMS = "key=value with a YAML value, +key=value, ++key=value or ~key"
 
 
 def read_yaml(path: str | Path) -> DictConfig:
@@ -42,36 +50,73 @@ def read_yaml(path: str | Path) -> DictConfig:
 
 
 def apply_overrides(cfg: DictConfig, overrides: list[str]) -> None:
-    """Apply Hydra-grammar overrides to ``cfg`` in place."""
-    parser = OverridesParser.create()
+    """Apply command-line overrides to ``cfg`` in place, in order (a later one wins)."""
     for text in overrides:
-        try:
-            (override,) = parser.parse_overrides([text])
-        except HydraException as error:
-            grammar = "expected key=value, +key=value or ~key"
-            raise ConfigError(f"override '{text}': {first_line(error)} ({grammar})") from None
-        key = override.key_or_group
-        if override.package:
-            raise ConfigError(f"override '{text}': '@package' overrides are not supported")
-        if override.is_delete():
-            _delete(cfg, key, text)
+        if text.startswith("~"):
+            _delete(cfg, text)
             continue
-        value = override.value()
-        if isinstance(value, (dict, list)):
-            value = OmegaConf.create(value)
+        body = text[2:] if text.startswith("++") else text.removeprefix("+")  # Hydra's prefixes: set like key=value
+        key, _, value = body.partition("=")
+        _check_key(key, text)
+        if value.lstrip()[:1] in ("{", "["):
+            _check_flow_keys(_parse_value(text, key, value), text)
         try:
-            OmegaConf.update(cfg, key, value, merge=False, force_add=True)
-        except OmegaConfBaseException as error:
-            raise ConfigError(f"override '{text}': {first_line(error)}") from None
+            # llm-foundry's own parsing: split at the first '=', the value read by OmegaConf's YAML loader,
+            # merged into what is there (mappings merge key by key; lists and scalars are replaced)
+            cfg.merge_with_dotlist([body])
+        except yaml.YAMLError as error:
+            raise _invalid_yaml(text, key, value, error) from None
+        except (OmegaConfBaseException, ValueError, TypeError) as error:  # e.g. a list indexed by a name
+            raise ConfigError(f"override '{text}': cannot set '{key}': {first_line(error)}") from None
 
 
-def _delete(cfg: DictConfig, key: str, text: str) -> None:
+def _check_key(key: str, text: str) -> None:
+    if not key or any(not part.strip() for part in key.split(".")):
+        raise ConfigError(f"override '{text}': '{key}' is not a key (expected {_FORMS}, e.g. model.n_layers=2)")
+
+
+def _check_flow_keys(value: Any, text: str) -> None:
+    """``{n_layers:2}`` is YAML for the key 'n_layers:2' with no value (llm-foundry would take it so, silently):
+    an error that says to put a space after the colon."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if item is None and isinstance(key, str) and ":" in key.strip(":"):
+                fixed = key.replace(":", ": ", 1)
+                raise ConfigError(f"override '{text}': '{key}' reads as a key with no value; put a space after the "
+                                  f"colon ({fixed})")
+            _check_flow_keys(item, text)
+    elif isinstance(value, list):
+        for item in value:
+            _check_flow_keys(item, text)
+
+
+def _invalid_yaml(text: str, key: str, value: str, error: yaml.YAMLError) -> ConfigError:
+    problem = getattr(error, "problem", None) or first_line(error)
+    return ConfigError(f"override '{text}': the value is not valid YAML ({problem}); quote it, e.g. {key}='{value}'")
+
+
+def _parse_value(text: str, key: str, value: str) -> Any:
+    """``value`` read the way a ``key=value`` override's value is."""
+    try:
+        return OmegaConf.to_container(OmegaConf.from_dotlist([f"v={value}"]))["v"]
+    except yaml.YAMLError as error:
+        raise _invalid_yaml(text, key, value, error) from None
+
+
+def _delete(cfg: DictConfig, text: str) -> None:
+    key, has_value, value = text[1:].partition("=")
+    _check_key(key, text)
     *parents, leaf = key.split(".")
     node: Any = cfg
     for part in parents:
         node = node.get(part) if isinstance(node, DictConfig) else None
     if not isinstance(node, DictConfig) or leaf not in node:
         raise ConfigError(f"override '{text}': cannot delete '{key}', the recipe does not set it")
+    if has_value:
+        expected, current = _parse_value(text, key, value), OmegaConf.to_container(node, resolve=False)[leaf]
+        if expected != current:
+            raise ConfigError(f"override '{text}': cannot delete '{key}': its value is {current!r}, not "
+                              f"{expected!r} (use ~{key} to delete it whatever its value)")
     del node[leaf]
 
 

@@ -2,8 +2,8 @@
 
 ``recipe_notes(data, TrainConfig)`` walks a recipe (plain containers, as loaded) beside the schema, through nested
 sections, lists and mappings of sections and registered components (``model: {name: ...}``, ``callbacks: {...}``),
-and returns ``(key path, note)`` for every key the recipe sets whose ``option`` carries a ``differs`` note. Run it
-on a recipe that validates; keys the schema does not know are the validator's business and are skipped here.
+and returns ``(key path, note)`` for every key the recipe sets, to another value than its default, whose
+``option`` carries a ``differs`` note. Keys the schema does not know are the validator's business and are skipped.
 """
 
 from __future__ import annotations
@@ -37,9 +37,17 @@ def _walk_section(data: Any, cls: type, path: str, notes: list[tuple[str, str]])
             continue
         key = _join(path, f.name)
         note = difference(f)
-        if note:
+        if note and not _is_default(f, data[f.name]):  # a key written at its default behaves as by default
             notes.append((key, note))
         _walk_value(data[f.name], hints[f.name], key, notes)
+
+
+def _is_default(f: dataclasses.Field, value: Any) -> bool:
+    if f.default is not dataclasses.MISSING:
+        return value == f.default
+    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        return value == f.default_factory()  # type: ignore[misc]
+    return False
 
 
 def _walk_value(value: Any, tp: Any, path: str, notes: list[tuple[str, str]]) -> None:
@@ -77,6 +85,8 @@ def _walk_value(value: Any, tp: Any, path: str, notes: list[tuple[str, str]]) ->
 def _walk_component(name: Any, settings: Any, registry: Any, path: str, notes: list[tuple[str, str]]) -> None:
     if not isinstance(name, str) or name not in registry:
         return
-    config = registry.get(name).config
-    if config is not None:
-        _walk_section(settings, config, path, notes)
+    entry = registry.get(name)
+    if entry.differs:
+        notes.append((path if path.endswith(name) else f"{path}.name={name}", entry.differs))
+    if entry.config is not None:
+        _walk_section(settings, entry.config, path, notes)

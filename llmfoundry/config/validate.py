@@ -190,8 +190,13 @@ def _convert_union(value: Any, tp: Any, path: str, problems: list[str]) -> Any:
     if len(attempts) == 1:
         problems.extend(attempts[0])
     else:
-        # A member that failed only on type (a wrong type, or a value outside a Literal) says less than the union.
-        structured = [a for a in attempts if not all(": expected" in p or " is not one of " in p for p in a)]
+        # A member that failed only on the value's own type (a wrong type, or a value outside a Literal) says less
+        # than the union; one that got inside the value (a problem with a nested key) says more.
+        def type_only(problem: str) -> bool:
+            return problem.startswith(f"{path}: expected") or (problem.startswith(f"{path}: ")
+                                                               and " is not one of " in problem)
+
+        structured = [a for a in attempts if not all(type_only(p) for p in a)]
         if structured:
             problems.extend(min(structured, key=len))
         else:

@@ -35,3 +35,18 @@ def grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler | 
     if precision != "amp_fp16":
         return None
     return torch.amp.GradScaler(device.type)
+
+
+def bf16_supported(device: torch.device) -> bool:
+    """Whether amp_bf16 can run as llm-foundry runs it: on a CUDA GPU with bf16 support."""
+    return device.type == "cuda" and torch.cuda.is_bf16_supported()
+
+
+def supported_precision(precision: str, device: torch.device) -> tuple[str, str | None]:
+    """(the policy this device runs, a one-line notice or None). amp_bf16 (llm-foundry's default) falls back to
+    fp32 where there is no bf16 GPU (llm-foundry refuses to run there)."""
+    if precision != "amp_bf16" or bf16_supported(device):
+        return precision, None
+    where = "a GPU without bf16" if device.type == "cuda" else f"{device.type} (no CUDA GPU)"
+    return "fp32", (f"precision: amp_bf16 (llm-foundry's default) needs a CUDA GPU with bf16; this run is on "
+                    f"{where}, so it trains in fp32 (set precision: fp32 to say so)")

@@ -39,12 +39,17 @@ def check_time(text: str | int) -> None:
 
 @dataclass(frozen=True)
 class Rates:
-    """How one batch relates to the other units; ``max_duration_batches`` resolves "dur"."""
+    """How one batch relates to the other units; ``max_duration_batches`` resolves "dur".
+
+    ``max_duration`` (as written, in its own unit) is for the schedules, which convert "dur" the way Composer does:
+    to max_duration's unit, not to batches.
+    """
 
     batches_per_epoch: int | None
     samples_per_batch: int
     tokens_per_batch: int
     max_duration_batches: int | None = None
+    max_duration: Time | None = None
 
     def to_batches(self, time: str | int | Time, key: str = "time") -> int:
         """Whole batches (rounded up) for ``time``; ``key`` names the config key in errors."""

@@ -56,6 +56,10 @@ ROLES = ("system", "user", "assistant", "tool")
 class FinetuningDatasetSettings(StreamingOptions):
     """``train_loader.dataset`` for ``name: finetuning``."""
 
+    shuffle_seed: int | None = option(
+        None, "seed of the shuffle (none = llm-foundry's defaults: 9176 for MDS shards, streaming's own; 0 for "
+        "hf_name records, its sampler's)"
+    )
     hf_name: str | None = option(None, "a hub id, a local dataset folder, 'json' (with hf_kwargs.data_files), or s3://folder")
     hf_kwargs: dict[str, Any] = option(default_factory=dict, doc="passed to datasets.load_dataset (e.g. data_files)")
     preprocessing_fn: str | None = option(None, "module:function mapping a raw example to prompt/response or messages")
@@ -68,6 +72,10 @@ class FinetuningDatasetSettings(StreamingOptions):
     )
     allow_pad_trimming: bool = option(False, "pad a batch only to its longest row instead of max_seq_len")
     pad_token_id: int | None = option(None, "id used for padding (default: the tokenizer's pad, else EOS)")
+
+    def __post_init__(self) -> None:
+        if self.shuffle_seed is None:  # llm-foundry: StreamingFinetuningDataset's 9176, DistributedSampler's 0
+            self.shuffle_seed = 9176 if self.is_mds else 0
 
     @property
     def is_mds(self) -> bool:

@@ -22,6 +22,7 @@ from llmfoundry import registry
 from llmfoundry.config.checks import LogLevel
 from llmfoundry.config.fields import option
 from llmfoundry.config.validate import Check, RegisteredMap, validate
+from llmfoundry.core import objectstore
 from llmfoundry.core.errors import ConfigError, did_you_mean
 from llmfoundry.eval.models import check_models
 
@@ -89,6 +90,18 @@ class ICLTaskConfig:
     kv_cache: Literal["auto", "on", "off"] = option(
         "auto", "score the choices of a question from one pass over their shared prefix (auto: when supported)"
     )
+
+    def check_settings(self, path: str) -> list[str]:
+        """dataset_uri: hf:// is a Hugging Face dataset and s3:// a task file; any other store URL (gs://, oci://,
+        Azure, dbfs:) is an error here, never a local path."""
+        uri = self.dataset_uri
+        if not isinstance(uri, str) or uri.startswith("hf://") or not objectstore.is_remote(uri):
+            return []
+        try:
+            objectstore.check_url(uri, f"{path}.dataset_uri" if path else "dataset_uri")
+        except ConfigError as error:  # hf:// is valid here too: say so
+            return [str(error).replace("use a local path or an s3:// URL", "use a local path, an s3:// URL or hf://")]
+        return []
 
 
 @dataclass

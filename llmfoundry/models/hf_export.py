@@ -23,9 +23,11 @@ from pathlib import Path
 import torch
 from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MptConfig, MptForCausalLM
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.core.precision import DTYPES
+from llmfoundry.models.layers.ffn import DEFAULT_ACT_FN
 from llmfoundry.models.mpt.config import MPTArch
 from llmfoundry.models.mpt.model import MPTForCausalLM
 
@@ -35,7 +37,7 @@ _ACT_TO_HF = {("gelu", "none"): "gelu", ("gelu", "tanh"): "gelu_pytorch_tanh", (
 
 
 def _act(arch: MPTArch) -> tuple[str, str]:
-    spec = arch.ffn_config.ffn_act_fn or {"name": "gelu" if arch.ffn_config.ffn_type == "mptmlp" else "silu"}
+    spec = arch.ffn_config.ffn_act_fn or DEFAULT_ACT_FN  # exact GELU for mptmlp and mptglu, as in llm-foundry
     return spec.get("name"), spec.get("approximate", "none")
 
 
@@ -51,6 +53,7 @@ def _common_problems(arch: MPTArch, target: str) -> list[str]:
         (a.attn_logit_softcapping is not None, "attn_config.attn_logit_softcapping", a.attn_logit_softcapping),
         (arch.final_logit_softcapping is not None, "final_logit_softcapping", arch.final_logit_softcapping),
         (arch.logit_scale is not None, "logit_scale", arch.logit_scale),
+        (arch.block_overrides is not None, "block_overrides", "(per-layer windows)"),
     ]
     for bad, key, value in checks:
         if bad:
@@ -93,9 +96,24 @@ def _norm_problems(arch: MPTArch, t: str, norm: str) -> list[str]:
     return [f"model.norm_type: {t} uses {'RMSNorm' if norm == 'rmsnorm' else 'LayerNorm'}, got {arch.norm_type}"]
 
 
+def _rope_scaling(arch: MPTArch) -> dict | None:
+    """rope_hf_config as transformers' rope_parameters (None: no scaling)."""
+    a = arch.attn_config
+    kind = a.rope_hf_config.get("type", "no_scaling")
+    if not (a.rope and a.rope_impl == "hf") or kind == "no_scaling":
+        return None
+    return {**{k: v for k, v in a.rope_hf_config.items() if k != "type"}, "rope_type": kind}
+
+
+def _rope_scaling_problems(arch: MPTArch, t: str) -> list[str]:
+    scaling = _rope_scaling(arch)
+    return [f"model.attn_config.rope_hf_config: {t} cannot express RoPE scaling {scaling}"] if scaling else []
+
+
 def mpt_export_problems(arch: MPTArch) -> list[str]:
     a, t = arch.attn_config, "transformers' MptForCausalLM"
     problems = _common_problems(arch, t) + _multihead_problems(arch, t) + _norm_problems(arch, t, "layernorm")
+    problems += _rope_scaling_problems(arch, t)
     if not a.alibi:
         problems.append(f"model.attn_config.alibi: {t} always uses ALiBi (got alibi=false)")
     if arch.learned_pos_emb:
@@ -120,6 +138,7 @@ def llama_export_problems(arch: MPTArch) -> list[str]:
 def gpt2_export_problems(arch: MPTArch) -> list[str]:
     t = "transformers' GPT2LMHeadModel"
     return (_common_problems(arch, t) + _multihead_problems(arch, t) + _plain_attention_problems(arch, t)
+            + _rope_scaling_problems(arch, t)
             + _ffn_problems(arch, t, "mptmlp", "a plain MLP") + _norm_problems(arch, t, "layernorm"))
 
 
@@ -194,7 +213,9 @@ def _llama_from_state(arch: MPTArch, state: dict, tokens: dict) -> nn.Module:
         num_hidden_layers=arch.n_layers, num_attention_heads=arch.n_heads, num_key_value_heads=arch.kv_heads,
         head_dim=arch.head_size, hidden_act=_ACT_TO_HF[_act(arch)], max_position_embeddings=arch.max_seq_len,
         rms_norm_eps=arch.norm_eps, tie_word_embeddings=arch.tie_word_embeddings, attention_bias=arch.qkv_bias,
-        mlp_bias=not arch.no_bias, rope_parameters={"rope_type": "default", "rope_theta": float(arch.attn_config.rope_theta)},
+        mlp_bias=not arch.no_bias,
+        rope_parameters={"rope_type": "default", **(_rope_scaling(arch) or {}),
+                         "rope_theta": float(arch.attn_config.rope_theta)},
         use_cache=True, **tokens,
     )  # fmt: skip
     out = {"model.embed_tokens.weight": state["transformer.wte.weight"], "model.norm.weight": state["transformer.norm_f.weight"]}
@@ -260,7 +281,9 @@ def _load_into(cls, config, state: dict) -> nn.Module:
         model.tie_weights()
     for module in model.modules():
         if hasattr(module, "compute_default_rope_parameters"):  # to_empty left the rotary tables uninitialised
-            inv_freq, _ = module.compute_default_rope_parameters(module.config)
+            kind = getattr(module, "rope_type", "default")
+            init = module.compute_default_rope_parameters if kind == "default" else ROPE_INIT_FUNCTIONS[kind]
+            inv_freq, module.attention_scaling = init(module.config)
             module.inv_freq.copy_(inv_freq)
             module.original_inv_freq.copy_(inv_freq)
     return model

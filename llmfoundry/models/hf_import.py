@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM
 
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.models.hf_export import GPT2_BLOCK_LAYERS
+from llmfoundry.models.layers.positional import ROPE_SCALING_KEYS
 from llmfoundry.models.mpt.config import MPTArch, MPTConfig, from_dict
 from llmfoundry.models.mpt.model import MPTForCausalLM
 
@@ -93,12 +94,16 @@ def _mpt_values(config) -> dict[str, Any]:
         )  # fmt: skip
     if kind == "llama":
         rope = dict(getattr(config, "rope_parameters", None) or {})
-        if rope.get("rope_type", "default") != "default":
+        kind = {"default": "no_scaling"}.get(rope.get("rope_type", "default"), rope.get("rope_type"))
+        if kind not in ROPE_SCALING_KEYS or rope.get("partial_rotary_factor", 1.0) != 1.0:
             raise ConfigError(f"model: RoPE scaling '{rope.get('rope_type')}' is not supported by mpt_causal_lm")
         if config.hidden_act not in _HF_TO_ACT:
             raise ConfigError(f"model: activation '{config.hidden_act}' is not supported by mpt_causal_lm")
         n_heads, kv = config.num_attention_heads, config.num_key_value_heads or config.num_attention_heads
         attn = {"rope": True, "rope_theta": float(rope.get("rope_theta", 10000.0))}
+        if kind != "no_scaling":  # scaling is read with rope_impl hf, as in llm-foundry
+            scaling = {k: v for k, v in rope.items() if k in ROPE_SCALING_KEYS[kind] and v is not None}
+            attn.update(rope_impl="hf", rope_hf_config={"type": kind, **scaling})
         if kv != n_heads:
             attn.update(attn_type="grouped_query_attention", kv_n_heads=kv)
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads

@@ -19,3 +19,9 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, reduction: str = 
 def count_target_tokens(labels: torch.Tensor) -> torch.Tensor:
     """The number of positions that carry a loss (what ``causal_lm_loss(..., "sum")`` is summed over)."""
     return (labels[:, 1:] != IGNORE_INDEX).sum()
+
+
+def count_correct_tokens(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """How many target positions the model's argmax predicts right (llm-foundry's TokenAccuracy numerator)."""
+    targets = labels[:, 1:]
+    return ((logits[:, :-1].argmax(dim=-1) == targets) & (targets != IGNORE_INDEX)).sum()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from llmfoundry.core.errors import ConfigError
+from llmfoundry.core.notices import notice_once
 from llmfoundry.models.hf_import import load_as_mpt
+from llmfoundry.models.mpt.act_ckpt import mark_checkpointed
 from llmfoundry.models.mpt.config import MPTArch, MPTModelSettings, to_dict
 from llmfoundry.models.mpt.model import MPTForCausalLM
 from llmfoundry.registry import models
@@ -16,6 +18,9 @@ RUNTIME_ATTN_KEYS = ("attn_impl", "attn_pdrop", "attn_uses_sequence_id")
 @models.register("mpt_causal_lm", config=MPTModelSettings)
 def build_mpt(settings: MPTModelSettings, tokenizer) -> MPTForCausalLM:
     arch = settings.arch()  # validated with the recipe; not checked again
+    if settings.loss_fn == "fused_crossentropy":
+        notice_once("model.loss_fn: fused_crossentropy has no fused kernel here; training uses the plain "
+                    "cross-entropy (the same values), as with torch_crossentropy")
     if settings.pretrained_model_name_or_path:
         model = load_as_mpt(
             settings.pretrained_model_name_or_path,
@@ -27,6 +32,8 @@ def build_mpt(settings: MPTModelSettings, tokenizer) -> MPTForCausalLM:
             raise ConfigError.many(conflicts)
     else:
         model = MPTForCausalLM.from_arch(arch)
+    if settings.activation_checkpointing_target is not None:  # null: every block (the trainer's default)
+        mark_checkpointed(model.blocks(), settings.activation_checkpointing_target, model.arch.attn_config.attn_type)
     vocab = model.arch.vocab_size
     if tokenizer is not None and len(tokenizer) > vocab:
         raise ConfigError(

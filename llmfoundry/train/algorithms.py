@@ -1,11 +1,19 @@
-"""Training algorithms by name (llm-foundry's `algorithms:` section)."""
+"""Training algorithms by name (llm-foundry's `algorithms:` section).
+
+gradient_clipping follows Composer's: norm (the global norm), value (each element) and adaptive (AGC: each
+unit, i.e. each output row of a weight or a whole bias, is scaled so that its gradient norm is at most
+clipping_threshold times its weight norm). Composer's model-surgery algorithms (alibi, gated_linear_units,
+low_precision_layernorm) are model keys here, so naming them is an error that says which key to set.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from llmfoundry.config.fields import option
 from llmfoundry.registry import algorithms
@@ -14,16 +22,11 @@ from llmfoundry.registry import algorithms
 @dataclass
 class GradientClippingSettings:
     clipping_type: Literal["norm", "value", "adaptive"] = option(
-        "norm", "norm = clip the global gradient norm; value = clip each gradient element"
+        "norm", "norm = clip the global gradient norm; value = clip each gradient element (under FSDP, as Composer: "
+        "scale all gradients so the largest magnitude is the threshold); adaptive = clip each unit's gradient norm "
+        "to clipping_threshold times its weight norm (AGC)"
     )
-    clipping_threshold: float = option(1.0, "the maximum norm (or absolute value)")
-
-    def check_settings(self, path: str) -> list[str]:
-        # 'adaptive' (llm-foundry's AGC: per-unit clipping relative to the weights) is not implemented; refusing it
-        # here reports it with every other problem of the recipe, and clip() only ever sees norm or value.
-        if self.clipping_type == "adaptive":
-            return [f"{path}.clipping_type: 'adaptive' is not supported yet (use norm or value)"]
-        return []
+    clipping_threshold: float = option(1.0, "the maximum norm, absolute value, or gradient/weight norm ratio")
 
 
 class GradientClipping:
@@ -34,16 +37,97 @@ class GradientClipping:
 
     def clip(self, model: torch.nn.Module) -> torch.Tensor | None:
         params = [p for p in model.parameters() if p.grad is not None]
-        if self.settings.clipping_type == "norm":
-            total = torch.nn.utils.get_total_norm([p.grad for p in params])
-            if hasattr(total, "full_tensor"):  # FSDP2: sharded gradients give a partial norm; reduce it
-                total = total.full_tensor()
-            torch.nn.utils.clip_grads_with_norm_(params, self.settings.clipping_threshold, total)
-            return total
-        torch.nn.utils.clip_grad_value_(params, self.settings.clipping_threshold)
-        return None
+        kind, threshold = self.settings.clipping_type, self.settings.clipping_threshold
+        if kind == "adaptive":
+            for p in params:
+                clip_adaptive_(p, threshold)
+            return None
+        sharded = any(isinstance(p.grad, DTensor) for p in params)
+        if kind == "value" and not sharded:
+            torch.nn.utils.clip_grad_value_(params, threshold)
+            return None
+        # norm; and value under FSDP, where Composer scales all gradients so that the largest magnitude is at most
+        # the threshold (FSDP's clip_grad_norm_ with the inf-norm) instead of clamping each element
+        total = torch.nn.utils.get_total_norm([p.grad for p in params], 2.0 if kind == "norm" else math.inf)
+        if hasattr(total, "full_tensor"):  # FSDP2: sharded gradients give a partial norm; reduce it
+            total = total.full_tensor()
+        torch.nn.utils.clip_grads_with_norm_(params, threshold, total)
+        return total if kind == "norm" else None
+
+
+def _unit_norms(t: torch.Tensor) -> torch.Tensor:
+    """AGC's unit-wise norm: a scalar or vector is one unit; a matrix (or more) has one unit per output row."""
+    if t.ndim <= 1:
+        return torch.linalg.vector_norm(t)
+    return torch.linalg.vector_norm(t, dim=tuple(range(1, t.ndim)), keepdim=True)
+
+
+@torch.no_grad()
+def clip_adaptive_(param: torch.Tensor, threshold: float) -> None:
+    """Scale each unit's gradient by min(1, threshold * |w_unit| / |g_unit|) (1 where both norms are 0), in place.
+
+    FSDP2 shards parameters by rows (dim 0), so a matrix's units are whole on each rank and its norms are local;
+    a vector's single unit spans ranks, so its two norms are reduced over the mesh first.
+    """
+    weight, grad = param.detach(), param.grad
+    if isinstance(grad, DTensor):
+        if any(not (pl.is_replicate() or (pl.is_shard() and pl.dim == 0)) for pl in grad.placements):
+            raise ValueError(f"adaptive gradient clipping: unexpected sharding {grad.placements}")
+        if weight.ndim <= 1:
+            w_norm = torch.linalg.vector_norm(weight).full_tensor()
+            g_norm = torch.linalg.vector_norm(grad).full_tensor()
+        weight, grad = weight.to_local(), grad.to_local()
+        if weight.ndim > 1:
+            w_norm, g_norm = _unit_norms(weight), _unit_norms(grad)
+    else:
+        w_norm, g_norm = _unit_norms(weight), _unit_norms(grad)
+    coeff = (w_norm * threshold / g_norm).nan_to_num_(nan=1.0).clamp_(max=1.0)
+    grad.mul_(coeff.to(grad.dtype))
 
 
 @algorithms.register("gradient_clipping", config=GradientClippingSettings)
 def build_gradient_clipping(settings: GradientClippingSettings) -> GradientClipping:
     return GradientClipping(settings)
+
+
+SURGERY = {
+    "alibi": "model.attn_config.alibi: true",
+    "gated_linear_units": "model.ffn_config.ffn_type: mptglu (model.ffn_config.ffn_act_fn picks the gate)",
+    "low_precision_layernorm": "model.norm_type: low_precision_layernorm",
+}
+
+
+class _Surgery:
+    """Composer's model-surgery algorithms: their keys are accepted so that the error below is the one reported."""
+
+    def check_settings(self, path: str) -> list[str]:
+        name = path.rsplit(".", 1)[-1]
+        return [f"{path}: Composer's model surgery is not done here: remove it and, on mpt_causal_lm, set "
+                f"{SURGERY[name]} (an hf_causal_lm model cannot be changed: use mpt_causal_lm with that key)"]
+
+
+@dataclass
+class AlibiSettings(_Surgery):
+    max_sequence_length: Any = option(None, "Composer's key (refused with the algorithm)")
+    train_sequence_length_scaling: Any = option(None, "Composer's key (refused with the algorithm)")
+
+
+@dataclass
+class GatedLinearUnitsSettings(_Surgery):
+    act_fn: Any = option(None, "Composer's key (refused with the algorithm)")
+    gated_layer_bias: Any = option(None, "Composer's key (refused with the algorithm)")
+    non_gated_layer_bias: Any = option(None, "Composer's key (refused with the algorithm)")
+
+
+@dataclass
+class LowPrecisionLayerNormSettings(_Surgery):
+    apply_at_fit_start: Any = option(None, "Composer's key (refused with the algorithm)")
+
+
+def _refuse(settings: _Surgery):
+    raise ValueError("model-surgery algorithms are refused when the recipe is validated")
+
+
+algorithms.register("alibi", config=AlibiSettings)(_refuse)
+algorithms.register("gated_linear_units", config=GatedLinearUnitsSettings)(_refuse)
+algorithms.register("low_precision_layernorm", config=LowPrecisionLayerNormSettings)(_refuse)

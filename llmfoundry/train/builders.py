@@ -36,9 +36,9 @@ def build_optimizer(cfg: TrainConfig, model: nn.Module):
 
 
 def build_schedule(cfg: TrainConfig, rates):
-    """The learning-rate multiplier as a function of the batch index (constant 1 without a scheduler)."""
+    """The learning-rate multiplier as a function of the trainer's time (constant 1 without a scheduler)."""
     if cfg.scheduler is None:
-        return lambda step: 1.0
+        return lambda now: 1.0
     entry = registry.schedulers.get(cfg.scheduler.name, key="scheduler.name")
     try:
         return entry.builder(cfg.scheduler.settings, rates)

@@ -123,13 +123,14 @@ def save_checkpoint(
     weights_only: bool = False,
     full_weights: bool = False,
     publish: bool = True,
+    ignore: Any = None,
 ) -> Path:
     """Write one checkpoint (collective: every rank calls it) and point ``latest`` at it; returns its path.
 
     ``weights_only``: leave the optimizer state out. ``full_weights``: also write the gathered model weights as
     ``model_full.pt`` (rank 0). ``publish=False`` writes straight into ``folder/name`` with no rename, ``latest``
     or retention: used for the staging folder of an s3:// save_folder, where the upload's completion marker
-    plays that role.
+    plays that role. ``ignore`` (train.compat.IgnoreKeys, from save_ignore_keys): state left out.
     """
     folder = Path(folder)
     final = folder / name
@@ -145,11 +146,18 @@ def save_checkpoint(
     target.mkdir(parents=True, exist_ok=True)  # every rank: a staging folder may be local to each node
 
     state: dict[str, Any] = {"model": get_model_state_dict(model)}
-    if optimizer is not None and not weights_only:
+    skip_optimizer = bool(ignore) and ignore.section("optimizer")
+    if optimizer is not None and not weights_only and not skip_optimizer:
         state["optimizer"] = get_optimizer_state_dict(model, optimizer)
+    if ignore:
+        state["model"] = {k: v for k, v in state["model"].items() if not ignore.model_key(k)}
+        trainer_state = {k: v for k, v in trainer_state.items() if not ignore.section(k)}
+        loader_state = None if ignore.section("dataloader") else loader_state
+    rng = None if ignore and ignore.section("rng") else _rng_state()
     dcp.save(state, checkpoint_id=str(target))
-    torch.save({"trainer": trainer_state, "rng": _rng_state(), "dataloader": loader_state,
-                "world_size": dist.world_size(), "weights_only": weights_only or optimizer is None},
+    torch.save({"trainer": trainer_state, "rng": rng, "dataloader": loader_state,
+                "world_size": dist.world_size(),
+                "weights_only": weights_only or optimizer is None or skip_optimizer},
                target / f"rank{dist.rank()}.pt")
     if full_weights:
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -178,10 +186,12 @@ def load_checkpoint(
     optimizer: torch.optim.Optimizer | None,
     weights_only: bool = False,
     strict: bool = True,
+    ignore: Any = None,
 ) -> dict[str, Any]:
     """Restore model (and unless ``weights_only``, optimizer, RNG) from a checkpoint on any world size.
 
-    Returns ``{"trainer": {...}, "dataloader": {...} | None}`` (empty when ``weights_only``).
+    Returns ``{"trainer": {...}, "dataloader": {...} | None}`` (empty when ``weights_only``). ``ignore``
+    (train.compat.IgnoreKeys, from load_ignore_keys): state left as it is.
     """
     path = resolve_checkpoint(path)
     options = StateDictOptions(strict=strict)
@@ -189,6 +199,10 @@ def load_checkpoint(
     rank0 = torch.load(rank0_file, weights_only=False) if rank0_file.exists() else {}
     with_optimizer = not weights_only and optimizer is not None and not rank0.get("weights_only", False)
     state: dict[str, Any] = {"model": get_model_state_dict(model)}
+    if ignore:
+        with_optimizer = with_optimizer and not ignore.section("optimizer")
+        state["model"] = {k: v for k, v in state["model"].items() if not ignore.model_key(k)}
+        options = StateDictOptions(strict=False)
     if with_optimizer:
         state["optimizer"] = get_optimizer_state_dict(model, optimizer)
     try:
@@ -208,9 +222,15 @@ def load_checkpoint(
         set_optimizer_state_dict(model, optimizer, state["optimizer"], options=options)
     rank_file = path / f"rank{dist.rank()}.pt"
     per_rank = torch.load(rank_file, weights_only=False) if rank_file.exists() else rank0
-    if rank_file.exists() and per_rank.get("world_size") == dist.world_size():
+    restore_rng = per_rank.get("rng") is not None and not (ignore and ignore.section("rng"))
+    if rank_file.exists() and per_rank.get("world_size") == dist.world_size() and restore_rng:
         _set_rng_state(per_rank["rng"])  # on another world size, RNG streams restart from the seed
-    return {"trainer": rank0["trainer"], "dataloader": rank0.get("dataloader")}
+    trainer = rank0["trainer"]
+    loader = rank0.get("dataloader")
+    if ignore:
+        trainer = {k: v for k, v in trainer.items() if not ignore.section(k)}
+        loader = None if ignore.section("dataloader") else loader
+    return {"trainer": trainer, "dataloader": loader}
 
 
 def _load_failure(error: BaseException) -> str:

@@ -15,6 +15,16 @@ NO_SHARD               2-D mesh (world, 1): every rank holds everything, gradien
 mixed_precision        ``MixedPrecisionPolicy(param_dtype, reduce_dtype)`` (a mapping's keys and dtype names are
                        checked when the recipe is validated, see settings.FSDPConfig)
 cpu_offload            ``CPUOffloadPolicy()``
+auto_wrap              false: only the root is sharded (no per-block ``fully_shard``)
+forward_prefetch       ``set_modules_to_forward_prefetch`` of the next ``forward_prefetch_limit`` blocks
+backward_prefetch      BACKWARD_PRE = FSDP2's own prefetch; with ``backward_prefetch_limit`` > 1 also
+                       ``set_modules_to_backward_prefetch`` of that many earlier blocks. BACKWARD_POST / NONE: a notice
+sync_module_states     rank 0's parameters and buffers are broadcast before sharding (a meta-device model is
+                       materialised from the seed on every rank, identical by construction)
+activation_checkpointing  the modules the model builder marked (``_activation_checkpointing``, e.g. MPT's
+                       ``model.activation_checkpointing_target``), else every block
+limit_all_gathers, use_orig_params, load_monolith_rank0_only, verbose, activation_checkpointing_fn: FSDP1
+knobs with no FSDP2 meaning; set to a non-default value they are accepted with a one-line notice
 =====================  ==================================================================================
 
 A model built on the meta device (``init_device: meta``) is materialised block by block: each block is allocated and
@@ -39,6 +49,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
 from llmfoundry.core.errors import ConfigError
+from llmfoundry.core.notices import notice_once
 from llmfoundry.core.precision import DTYPES, low_dtype
 from llmfoundry.train.settings import CompileConfig, FSDPConfig
 
@@ -132,12 +143,62 @@ def apply_fsdp(model: nn.Module, cfg: FSDPConfig, precision: str, device: torch.
         for i, block in enumerate(blocks):
             if init_module is not None:  # materialise this block in full (same values on every rank), then shard it
                 _materialize_modules(block.modules(), device, init_module)
-            # The last block's parameters are needed right away by backward: no point resharding them.
-            fully_shard(block, reshard_after_forward=reshard and i < len(blocks) - 1, **kwargs)
+            if cfg.auto_wrap:  # the last block's parameters are needed right away by backward: keep them gathered
+                fully_shard(block, reshard_after_forward=reshard and i < len(blocks) - 1, **kwargs)
         if init_module is not None:
             _materialize_modules((m for m in model.modules() if id(m) not in in_blocks), device, init_module)
     fully_shard(model, reshard_after_forward=reshard, **kwargs)
+    if cfg.auto_wrap:
+        set_prefetching(blocks, cfg)
     return model
+
+
+def set_prefetching(blocks: list[nn.Module], cfg: FSDPConfig) -> None:
+    """forward_prefetch / backward_prefetch(_limit) as FSDP2's explicit prefetching of neighbouring blocks."""
+    if cfg.forward_prefetch:
+        for i, block in enumerate(blocks[:-1]):
+            block.set_modules_to_forward_prefetch(blocks[i + 1 : i + 1 + cfg.forward_prefetch_limit])
+    if cfg.backward_prefetch == "BACKWARD_PRE" and cfg.backward_prefetch_limit > 1:
+        for i, block in enumerate(blocks[1:], start=1):
+            block.set_modules_to_backward_prefetch(blocks[max(0, i - cfg.backward_prefetch_limit) : i][::-1])
+
+
+# FSDP1 knobs without an FSDP2 counterpart: (key, value with which FSDP2 behaves the same, what FSDP2 does)
+FSDP1_ONLY = (
+    ("limit_all_gathers", True, "FSDP2 always limits in-flight all-gathers"),
+    ("use_orig_params", True, "FSDP2 always exposes the original parameters"),
+    ("load_monolith_rank0_only", False, "every rank reads the checkpoint it needs"),
+    ("verbose", False, "nothing extra is printed"),
+    ("activation_checkpointing_fn", None, "it has no effect in llm-foundry either; use "
+     "model.activation_checkpointing_target to choose the checkpointed modules"),
+)
+
+
+def fsdp1_notices(cfg: FSDPConfig) -> None:
+    """A one-line notice (once per run) for each FSDP1-only key set to a value FSDP2 cannot honour."""
+    for key, same, what in FSDP1_ONLY:
+        value = getattr(cfg, key)
+        if value != same:
+            notice_once(f"fsdp_config.{key}: {value!r} is an FSDP1 setting with no FSDP2 counterpart, ignored ({what})")
+    if cfg.backward_prefetch != "BACKWARD_PRE":
+        notice_once(f"fsdp_config.backward_prefetch: {cfg.backward_prefetch} has no FSDP2 counterpart, ignored "
+                    "(FSDP2 prefetches each block's parameters before its backward, like BACKWARD_PRE)")
+
+
+def checkpoint_targets(model: nn.Module, blocks: list[nn.Module]) -> list[nn.Module]:
+    """The modules to recompute in backward: those the model builder marked with ``_activation_checkpointing``
+    (Composer's convention; MPT marks them from ``model.activation_checkpointing_target``), else every block."""
+    marked = [m for m in model.modules() if hasattr(m, "_activation_checkpointing")]
+    if marked:
+        return [m for m in marked if m._activation_checkpointing]
+    return blocks
+
+
+def broadcast_from_rank0(model: nn.Module) -> None:
+    """sync_module_states: every rank takes rank 0's parameters and buffers (before sharding)."""
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            torch.distributed.broadcast(tensor.data, src=0)
 
 
 def _module_init(model: nn.Module):
@@ -163,6 +224,8 @@ def parallelize(model: nn.Module, *, fsdp: FSDPConfig | None, compile_cfg: Compi
     With FSDP2 the returned module *is* ``model`` (sharded in place); with DDP it wraps ``model``.
     """
     blocks = model.blocks()
+    if fsdp is not None:
+        fsdp1_notices(fsdp)
     if fsdp is not None and fsdp.cpu_offload and device.type != "cuda":
         raise ConfigError(f"fsdp_config.cpu_offload: offloads GPU memory to the CPU; this run is on {device.type} "
                           "(set it to false)")
@@ -170,14 +233,16 @@ def parallelize(model: nn.Module, *, fsdp: FSDPConfig | None, compile_cfg: Compi
         if not blocks:
             raise ConfigError("fsdp_config.activation_checkpointing: the model's blocks() is empty, there is "
                               "nothing to checkpoint (set it to false)")
-        for block in blocks:
-            apply_activation_checkpointing(block, fsdp.activation_checkpointing_reentrant)
+        for module in checkpoint_targets(model, blocks):
+            apply_activation_checkpointing(module, fsdp.activation_checkpointing_reentrant)
     if compile_cfg is not None:
         for block in blocks or [model]:
             apply_compile(block, compile_cfg)
 
     meta = is_meta(model)
     if fsdp is not None and world_size > 1:
+        if fsdp.sync_module_states and not meta:
+            broadcast_from_rank0(model)
         apply_fsdp(model, fsdp, precision, device, world_size, seed)
         wrapped = model
         meta = is_meta(model)

@@ -18,6 +18,8 @@ from llmfoundry.core.errors import ConfigError
 from llmfoundry.core.timeunits import Time, check_time
 from llmfoundry.data.prep.quickstart import PrepareDataConfig
 from llmfoundry.eval.config import GauntletConfig, ICLTaskConfig
+from llmfoundry.train import compat
+from llmfoundry.train.profiling import ProfilerConfig
 from llmfoundry.train.settings import CheckpointUploadConfig, CompileConfig, FSDPConfig
 
 __all__ = ["TrainConfig", "TokenizerConfig", "PrepareDataConfig", "validate", "to_plain", "Component"]
@@ -33,6 +35,8 @@ def _check_duration(text: str | int) -> None:
 
 
 Duration = Annotated[str | int, Check(_check_duration)]
+# llm-foundry allows a float (for sequence parallelism); here a microbatch is a whole number of samples.
+MicrobatchSize = Annotated[int | float | Literal["auto"], Check(compat.check_microbatch_size)]
 
 
 @dataclass(kw_only=True)
@@ -48,8 +52,13 @@ class TrainConfig:
     tokenizer: TokenizerConfig = option(doc="the tokenizer")
     max_seq_len: PositiveInt = option(doc="sequence length of training samples")
     train_loader: Annotated[Component, Registered(registry.dataloaders)] = option(doc="training data loader")
-    eval_loader: Annotated[Component, Registered(registry.dataloaders)] | None = option(
-        None, "evaluation data loader (loss and perplexity every eval_interval)"
+    eval_loader: Annotated[Component, Registered(registry.dataloaders)] | list[dict[str, Any]] | None = option(
+        None, "evaluation data loader (loss and perplexity every eval_interval); a list of labelled loaders is "
+        "eval_loaders (as in llm-foundry)"
+    )
+    eval_loaders: list[dict[str, Any]] | None = option(
+        None, "several evaluation loaders, each a loader section with a 'label'; metrics are logged as "
+        "metrics/eval/<label>/LanguageCrossEntropy, ... (not together with eval_loader)"
     )
     prepare_data: PrepareDataConfig | None = option(None, "data to build before training when missing")
     optimizer: Annotated[Component, Registered(registry.optimizers)] = option(doc="optimizer: name + settings")
@@ -62,17 +71,29 @@ class TrainConfig:
     # --- how long, how big ---
     max_duration: Duration = option(doc="training length: e.g. 4800ba, 1ep, 2000000tok")
     global_train_batch_size: PositiveInt = option(doc="samples per optimizer step, summed over all ranks")
-    device_train_microbatch_size: PositiveInt | Literal["auto"] = option(
+    device_train_microbatch_size: MicrobatchSize = option(
         "auto", "samples per forward/backward on one device; gradients accumulate up to the batch ('auto' = "
-        "the whole per-device batch, halved on CUDA out-of-memory)"
+        "the whole per-device batch, halved on CUDA out-of-memory; a float must be a whole number, e.g. 4.0)"
+    )
+    accumulate_train_batch_on_tokens: bool = option(
+        True, "true = the loss of a batch split into microbatches is the mean over all its target tokens; false "
+        "= each microbatch's mean loss weighted by its samples (Composer's older rule)"
+    )
+    train_subset_num_batches: int = option(-1, "end each epoch after at most this many batches (-1 = all)")
+    spin_dataloaders: bool = option(
+        True, "Composer fast-forwards the train loader on resume; here it always resumes from its saved sample "
+        "position (false is accepted, with a notice that it changes nothing)",
+        differs="the train loader resumes from its saved sample position whatever the value",
     )
     device_eval_batch_size: PositiveInt = option(8, "samples per evaluation forward on one device")
     precision: Literal["fp32", "amp_bf16", "amp_fp16", "bf16"] = option(
-        "fp32", "fp32; amp_bf16/amp_fp16 = autocast with fp32 weights; bf16 = weights and math in bf16"
+        "amp_bf16", "fp32; amp_bf16/amp_fp16 = autocast with fp32 weights; bf16 = weights and math in bf16. "
+        "amp_bf16 (llm-foundry's default) needs a CUDA GPU with bf16: elsewhere the run uses fp32 and says so once",
+        differs="without a CUDA GPU with bf16, amp_bf16 trains in fp32 with a notice (llm-foundry refuses to run)",
     )
     seed: int = option(17, "random seed for weights, data order and dropout")
     # --- evaluation ---
-    eval_interval: Interval = option("1ep", "how often to evaluate, e.g. 500ba")
+    eval_interval: Interval = option("1ep", "how often to evaluate, e.g. 500ba (0 = never, not even at the end)")
     eval_first: bool = option(False, "evaluate before the first training batch")
     eval_subset_num_batches: int = option(-1, "evaluate on at most this many batches (-1 = all)")
     icl_tasks: list[ICLTaskConfig] | str | None = option(
@@ -85,6 +106,12 @@ class TrainConfig:
     eval_gauntlet: GauntletConfig | str | None = option(
         None, "eval gauntlet over the ICL tasks: a mapping, or the path of a YAML file with eval_gauntlet"
     )
+    icl_tasks_str: str | None = option(
+        None, "llm-foundry's name for icl_tasks given as the path of a YAML file (set one of the two)"
+    )
+    eval_gauntlet_str: str | None = option(
+        None, "llm-foundry's name for eval_gauntlet given as the path of a YAML file (set one of the two)"
+    )
     # --- parallelism ---
     fsdp_config: FSDPConfig | None = option(
         None, "shard the model with FSDP2 (fully_shard per block, then the root); none = DDP on several ranks"
@@ -92,7 +119,10 @@ class TrainConfig:
     compile_config: CompileConfig | None = option(None, "torch.compile each block ({} = defaults; none = eager)")
     dist_timeout: PositiveFloat = option(600.0, "seconds to wait for other ranks before failing")
     # --- logging ---
-    run_name: str | None = option(None, "name of the run (default: a timestamp)")
+    run_name: str | None = option(
+        None, "name of the run (default: $RUN_NAME, else $COMPOSER_RUN_NAME, else a timestamp); replaces "
+        "{run_name} in save_folder, load_path, callbacks.hf_checkpointer.save_folder and loggers.jsonl.path"
+    )
     callbacks: Annotated[dict, RegisteredMap(registry.callbacks)] = option(
         default_factory=dict, doc="callbacks by name with their settings"
     )
@@ -104,7 +134,9 @@ class TrainConfig:
     console_log_interval: Interval = option("1ba", "how often to print metrics")
     python_log_level: LogLevel | None = option(None, "level of Python logging for llmfoundry (debug, info, ...)")
     # --- checkpoints ---
-    save_folder: str | None = option(None, "where checkpoints go (local folder or s3://bucket/path)")
+    save_folder: str | None = option(
+        None, "where checkpoints go (local folder or s3://bucket/path; {run_name} becomes the run's name)"
+    )
     save_interval: Interval = option("1000ba", "how often to save a checkpoint")
     save_num_checkpoints_to_keep: int = option(-1, "keep the newest N checkpoints (-1 = all)")
     save_overwrite: bool = option(False, "allow overwriting checkpoints already in save_folder")
@@ -131,31 +163,56 @@ class TrainConfig:
     cuda_load_lazy: bool = option(False, "load CUDA kernels on first use (CUDA_MODULE_LOADING=LAZY)")
     # --- free-form ---
     variables: dict[str, Any] = option(default_factory=dict, doc="values for ${variables.x} interpolation")
-    metadata: dict[str, Any] = option(default_factory=dict, doc="free-form metadata logged with the run")
-    # --- llm-foundry keys with no counterpart here ---
+    metadata: dict[str, Any] = option(default_factory=dict, doc="free-form metadata logged with the run's config")
+    flatten_metadata: bool = option(
+        True, "log metadata's keys at the top level of the logged config (an error if one is already a key "
+        "there); false = log them under 'metadata'"
+    )
+    profiler: ProfilerConfig | None = option(
+        None, "torch.profiler traces of chosen training batches",
+        differs="torch.profiler Chrome traces only: no Composer event trace or system statistics",
+    )
+    only_hf_checkpoint: bool = option(
+        False, "build the model (and load load_path), write a Hugging Face folder through the hf_checkpointer "
+        "callback, and stop without training"
+    )
+    only_composer_checkpoint: bool = option(
+        False, "build the model (and load load_path), save one checkpoint to save_folder, and stop without training",
+        differs="the checkpoint is this trainer's DCP folder (save_folder/ep{epoch}-ba{batch}), not a Composer .pt",
+    )
+    # --- llm-foundry keys mapped onto this trainer (see train/compat.py) ---
     save_filename: str | None = option(
-        None, "Composer checkpoint file pattern", unsupported="checkpoint file name patterns (folders are named "
-        "ep{epoch}-ba{batch})"
+        None, "Composer's checkpoint file pattern: only its default ep{epoch}-ba{batch}-rank{rank}.pt is accepted "
+        "(checkpoints here are folders named ep{epoch}-ba{batch})",
+        differs="checkpoints are folders save_folder/ep{epoch}-ba{batch}; other patterns are refused",
     )
     save_latest_filename: str | None = option(
-        None, "Composer 'latest' file pattern", unsupported="renaming 'latest' (save_folder/latest names the newest)"
+        None, "Composer's 'latest' file pattern: only its defaults latest-rank{rank}.pt / latest-sharded-rank{rank} "
+        "are accepted (save_folder/latest names the newest checkpoint)",
+        differs="save_folder/latest names the newest checkpoint; other patterns are refused",
     )
-    load_ignore_keys: list[str] | None = option(None, "state keys skipped on load", unsupported="load_ignore_keys")
-    save_ignore_keys: list[str] | None = option(None, "state keys left out on save", unsupported="save_ignore_keys")
-    profiler: dict[str, Any] | None = option(None, "Composer profiler settings", unsupported="the Composer profiler")
-    device_train_batch_size: int | None = option(
-        None, "derived by llm-foundry from global_train_batch_size", unsupported="setting device_train_batch_size "
-        "(it is global_train_batch_size / world size; set global_train_batch_size)"
+    save_ignore_keys: list[str] | None = option(
+        None, "glob patterns of state left out of saved checkpoints, in Composer's key names: state/model/<param>, "
+        "state/optimizers, state/schedulers, state/timestamp, state/train_dataloader, rng",
+        differs="Composer's state names are mapped onto this checkpoint's sections (see the doc)",
+    )
+    load_ignore_keys: list[str] | None = option(
+        None, "glob patterns (as save_ignore_keys) of state not restored from load_path: that state keeps its "
+        "fresh value",
+        differs="Composer's state names are mapped onto this checkpoint's sections (see save_ignore_keys)",
+    )
+    device_train_batch_size: int | float | None = option(
+        None, "derived by llm-foundry (global_train_batch_size / world size); accepted when it matches"
     )
     device_train_grad_accum: int | str | None = option(
-        None, "derived by llm-foundry", unsupported="setting device_train_grad_accum (set device_train_microbatch_size)"
+        None, "derived by llm-foundry (microbatches per device batch, or 'auto'); accepted when it matches"
     )
-    n_gpus: int | None = option(None, "derived by llm-foundry", unsupported="setting n_gpus (it is the world size)")
+    n_gpus: int | None = option(None, "derived by llm-foundry (the world size); accepted when it matches")
 
     def check_settings(self, path: str) -> list[str]:
         """Keys that need one another, and store URLs we cannot use, reported before anything is built."""
         prefix = f"{path}." if path else ""
-        problems = []
+        problems = compat.finish_recipe(self, prefix)
         for key, url in (("save_folder", self.save_folder), ("load_path", self.load_path)):
             if objectstore.is_remote(url):
                 try:
@@ -164,6 +221,6 @@ class TrainConfig:
                     problems.append(str(error))
         if self.autoresume and not self.save_folder:
             problems.append(f"{prefix}autoresume: needs save_folder (the folder to resume from)")
-        if self.eval_gauntlet is not None and not self.icl_tasks:
+        if self.eval_gauntlet is not None and not self.icl_tasks and not problems:
             problems.append(f"{prefix}eval_gauntlet: needs icl_tasks (the gauntlet averages ICL task accuracies)")
         return problems

@@ -12,7 +12,7 @@ from typing import Any, Literal
 from llmfoundry.config.fields import option
 from llmfoundry.core.precision import DTYPES
 
-_NO_FSDP2 = "accepted for llm-foundry recipes; no FSDP2 meaning, ignored"
+_NO_FSDP2 = "accepted for llm-foundry recipes; no FSDP2 meaning: ignored, with a notice when set to another value"
 MIXED_PRECISION_KEYS = ("param_dtype", "reduce_dtype", "buffer_dtype")
 
 
@@ -35,16 +35,21 @@ class FSDPConfig:
         "fp32/bf16/fp16 (the low dtype comes from `precision`: bf16 for amp_bf16/bf16, fp16 for amp_fp16); "
         "buffer_dtype has no FSDP2 meaning (buffers keep their dtype) and is accepted for llm-foundry recipes",
     )
-    activation_checkpointing: bool = option(False, "recompute each block's activations in backward")
+    activation_checkpointing: bool = option(
+        False, "recompute activations in backward: each block's, or (MPT) the modules model.activation_checkpointing_target selects"
+    )
     activation_checkpointing_reentrant: bool = option(
         False, "use the reentrant torch.utils.checkpoint implementation (default: non-reentrant)"
     )
     activation_cpu_offload: bool = option(False, "keep saved activations in (pinned) CPU memory between forward and backward")
     cpu_offload: bool = option(False, "keep sharded parameters, gradients and optimizer state on the CPU (FSDP2 CPUOffloadPolicy)")
-    state_dict_type: Literal["sharded", "full"] = option(
+    state_dict_type: Literal["sharded", "full", "local"] = option(
         "sharded",
         "sharded = each rank writes its shards (DCP; reshards on load); full = additionally write the gathered "
-        "weights as model_full.pt next to the shards (rank 0), loadable without torch.distributed",
+        "weights as model_full.pt next to the shards (rank 0), loadable without torch.distributed; local = "
+        "Composer's per-rank local shards: saved as sharded (which also reshards on load), with a notice",
+        differs="checkpoints are sharded DCP folders; 'local' is saved as 'sharded' (reshards on load), 'full' adds "
+        "model_full.pt; Composer's default is 'full'",
     )
     reshard_after_forward: bool | None = option(
         None, "FSDP2's own switch; overrides the choice implied by sharding_strategy when set"
@@ -55,18 +60,31 @@ class FSDPConfig:
     data_parallel_replicate_degree: int = option(
         -1, "number of replica groups for HYBRID_SHARD (-1 = world size / shard degree)"
     )
-    # --- keys with no FSDP2 meaning (FSDP1 knobs): accepted so llm-foundry recipes run unchanged ---
-    limit_all_gathers: bool = option(True, f"{_NO_FSDP2} (FSDP2 always limits in-flight all-gathers)")
-    use_orig_params: bool = option(True, f"{_NO_FSDP2} (FSDP2 always exposes the original parameters)")
-    sync_module_states: bool = option(False, f"{_NO_FSDP2} (every rank builds the same weights from the seed)")
-    forward_prefetch: bool = option(False, f"{_NO_FSDP2} (FSDP2 prefetches by default)")
-    backward_prefetch: str = option("BACKWARD_PRE", f"{_NO_FSDP2} (FSDP2 prefetches by default)")
-    backward_prefetch_limit: int = option(1, _NO_FSDP2)
-    forward_prefetch_limit: int = option(1, _NO_FSDP2)
-    load_monolith_rank0_only: bool = option(False, _NO_FSDP2)
-    verbose: bool = option(False, _NO_FSDP2)
-    auto_wrap: bool = option(True, f"{_NO_FSDP2} (blocks are always wrapped, then the root)")
-    activation_checkpointing_fn: str | None = option(None, f"{_NO_FSDP2} (every block is checkpointed)")
+    # --- llm-foundry's FSDP1 keys: mapped onto FSDP2 where they have a meaning (see parallel.py) ---
+    auto_wrap: bool = option(True, "shard each block, then the root; false = only the root (one FSDP unit)")
+    forward_prefetch: bool = option(
+        False, "issue the next blocks' all-gathers explicitly in forward (FSDP2 set_modules_to_forward_prefetch)"
+    )
+    forward_prefetch_limit: int = option(1, "blocks ahead that forward_prefetch gathers")
+    backward_prefetch: Literal["BACKWARD_PRE", "BACKWARD_POST", "NONE"] = option(
+        "BACKWARD_PRE", "BACKWARD_PRE = gather the previous block before the current one's backward (FSDP2's own "
+        "behaviour); BACKWARD_POST and NONE have no FSDP2 counterpart: accepted with a notice",
+    )
+    backward_prefetch_limit: int = option(
+        1, "blocks BACKWARD_PRE gathers ahead in backward (> 1: FSDP2 set_modules_to_backward_prefetch)"
+    )
+    sync_module_states: bool = option(
+        False, "broadcast rank 0's weights to every rank before sharding (a meta-device model is built from the "
+        "seed on every rank, identical by construction)",
+    )
+    # --- FSDP1 knobs with no FSDP2 meaning: accepted, with a one-line notice when set to another value ---
+    limit_all_gathers: bool = option(True, f"{_NO_FSDP2} (FSDP2 always limits in-flight all-gathers)", differs=_NO_FSDP2)
+    use_orig_params: bool = option(True, f"{_NO_FSDP2} (FSDP2 always exposes the original parameters)", differs=_NO_FSDP2)
+    load_monolith_rank0_only: bool = option(False, f"{_NO_FSDP2} (every rank reads what it needs)", differs=_NO_FSDP2)
+    verbose: bool = option(False, _NO_FSDP2, differs=_NO_FSDP2)
+    activation_checkpointing_fn: str | None = option(
+        None, f"{_NO_FSDP2}; no effect in llm-foundry either (choose modules with model.activation_checkpointing_target)"
+    )
 
     def check_settings(self, path: str) -> list[str]:
         """A mixed_precision mapping names known keys and dtypes, so that parallel.py can use it as it is."""

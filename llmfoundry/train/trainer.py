@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import math
 import sys
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,11 +21,12 @@ from llmfoundry import registry
 from llmfoundry.config.secrets import mask_secrets
 from llmfoundry.core import dist, precision
 from llmfoundry.core.errors import ConfigError
-from llmfoundry.core.timeunits import Rates
+from llmfoundry.core.notices import notice_once
+from llmfoundry.core.timeunits import Rates, Time
 from llmfoundry.data.prep.quickstart import prepare
 from llmfoundry.data.text import check_token_ids
-from llmfoundry.models.loss import causal_lm_loss, count_target_tokens
-from llmfoundry.train import checkpoint, checkpointer, parallel
+from llmfoundry.models.loss import causal_lm_loss, count_correct_tokens, count_target_tokens
+from llmfoundry.train import checkpoint, checkpointer, compat, parallel
 from llmfoundry.train.builders import (
     build_dataloader,
     build_model,
@@ -35,9 +35,12 @@ from llmfoundry.train.builders import (
     build_schedule,
     build_tokenizer,
 )
+from llmfoundry.train.callbacks.torch_profiler import TorchProfiler
 from llmfoundry.train.errors import TrainingStopped
 from llmfoundry.train.icl import TrainingICL
+from llmfoundry.train.only_checkpoint import write_only_checkpoint
 from llmfoundry.train.recipe import TrainConfig, to_plain
+from llmfoundry.train.run_name import resolve_run_name
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +77,16 @@ class Trainer:
         self.cfg = cfg
         # What is logged and saved next to checkpoints: never with tokens, keys or passwords in it.
         self.config_plain = mask_secrets(config_plain if config_plain is not None else to_plain(cfg))
+        # what loggers receive: metadata's keys at the top level unless flatten_metadata is false
+        self.logged_config = compat.logged_config(self.config_plain, cfg.flatten_metadata)
         self.dist = dist.init_distributed(cfg.dist_timeout)
         self.device = self.dist.device
-        self.run_name = dist.broadcast_object(cfg.run_name or time.strftime("llmfoundry-%Y%m%d-%H%M%S"))
+        cfg.precision, note = precision.supported_precision(cfg.precision, self.device)  # amp_bf16 needs a bf16 GPU
+        if note:
+            notice_once(note)
+        # the recipe's run_name, $RUN_NAME or a generated one; {run_name} is expanded in save_folder, load_path, ...
+        self.run_name, cfg = resolve_run_name(cfg)
+        self.cfg = cfg
         self.time = TrainTime()
         self.history = EvalHistory()
         torch.manual_seed(cfg.seed)
@@ -86,6 +96,8 @@ class Trainer:
         self.tokenizer = build_tokenizer(cfg)
         world = self.dist.world_size
         self.device_batch_size = device_batch_size(cfg.global_train_batch_size, world)
+        compat.check_derived_batch_keys(cfg, world, self.device_batch_size)
+        compat.log_notices(cfg)
         micro = cfg.device_train_microbatch_size
         # auto: the whole device batch, halved on a CUDA out-of-memory error (see train_step)
         self.auto_microbatch = micro == "auto"
@@ -105,6 +117,8 @@ class Trainer:
         self.scaler = precision.grad_scaler(cfg.precision, self.device)
         self.algorithms = build_named(registry.algorithms, cfg.algorithms)
         self.callbacks = build_named(registry.callbacks, cfg.callbacks)
+        if cfg.profiler is not None:
+            self.callbacks.append(TorchProfiler(cfg.profiler, self.run_name))
         self.loggers = build_named(registry.loggers, cfg.loggers, self.run_name) if self.dist.is_main else []
         self.checkpointer = checkpointer.Checkpointer(cfg.save_folder, cfg.checkpoint_upload,
                                                     keep=cfg.save_num_checkpoints_to_keep,
@@ -112,14 +126,16 @@ class Trainer:
         self.batch: dict[str, torch.Tensor] | None = None  # the device batch being trained on (for callbacks)
 
         self.train_loader = build_dataloader(cfg.train_loader, self.tokenizer, self.device_batch_size, "train_loader")
-        self.eval_loader = (build_dataloader(cfg.eval_loader, self.tokenizer, cfg.device_eval_batch_size, "eval_loader")
-                            if cfg.eval_loader is not None else None)
+        # (metric prefix, loader): eval_loader's metrics/eval/..., or each of eval_loaders' metrics/eval/<label>/...
+        self.eval_loaders = [(prefix, build_dataloader(section, self.tokenizer, cfg.device_eval_batch_size, key))
+                             for prefix, key, section in compat.eval_sections(cfg)]
         self.icl = TrainingICL.from_config(cfg, self.tokenizer)
-        self.can_evaluate = self.eval_loader is not None or self.icl is not None
+        self.can_evaluate = bool(self.eval_loaders) or self.icl is not None
         self.last_icl_metrics: dict[str, float] = {}
         self.rates = self._rates()
         self.schedule = build_schedule(cfg, self.rates)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.schedule)
+        # Composer's timing: the schedule reads the trainer's time, not LambdaLR's step count (see train_step)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: self.schedule(self.time))
         self._resume()
         self.checkpointer.check_can_write(resuming=self.time.batch > 0)
 
@@ -135,21 +151,28 @@ class Trainer:
             batches_per_epoch = len(self.train_loader)
         except TypeError:
             batches_per_epoch = None
+        if batches_per_epoch is not None and cfg.train_subset_num_batches > 0:  # epochs end after this many batches
+            batches_per_epoch = min(batches_per_epoch, cfg.train_subset_num_batches)
         if batches_per_epoch == 0:
             raise ConfigError(f"train_loader: the dataset has fewer samples than one batch "
                               f"({cfg.global_train_batch_size}); add data or lower global_train_batch_size")
         base = Rates(batches_per_epoch, cfg.global_train_batch_size, cfg.global_train_batch_size * cfg.max_seq_len)
         try:
             total = base.to_batches(cfg.max_duration, "max_duration")
-            rates = Rates(base.batches_per_epoch, base.samples_per_batch, base.tokens_per_batch, total)
+            rates = Rates(base.batches_per_epoch, base.samples_per_batch, base.tokens_per_batch, total,
+                          Time.parse(cfg.max_duration))
             self.max_batches = total
             self.eval_every = rates.to_batches(cfg.eval_interval, "eval_interval")
             self.save_every = rates.to_batches(cfg.save_interval, "save_interval")
             self.log_every = max(1, rates.to_batches(cfg.console_log_interval, "console_log_interval"))
         except ValueError as error:
             raise ConfigError(str(error)) from None
+        # eval_interval 0 (0ba, 0ep, ...) turns evaluation off, also at the end of training, as in Composer
+        # (eval_first still evaluates before the first batch); 0dur stays an error (Composer fails on it too)
+        interval = Time.parse(cfg.eval_interval)
+        self.periodic_eval = not (interval.value == 0 and interval.unit != "dur")
         for key, every in (("eval_interval", self.eval_every), ("save_interval", self.save_every)):
-            if every < 1:
+            if every < 1 and (key != "eval_interval" or self.periodic_eval):
                 raise ConfigError(f"{key}: must be at least one batch, got '{getattr(cfg, key)}'")
         return rates
 
@@ -167,10 +190,13 @@ class Trainer:
         if path is None:
             return
         restored = checkpoint.load_checkpoint(path, model=self.model, optimizer=self.optimizer,
-                                              weights_only=weights_only, strict=cfg.load_strict_model_weights)
-        if restored.get("trainer"):
-            self.time = TrainTime(**restored["trainer"]["time"])
-            self.scheduler.load_state_dict(restored["trainer"]["scheduler"])
+                                              weights_only=weights_only, strict=cfg.load_strict_model_weights,
+                                              ignore=compat.IgnoreKeys(cfg.load_ignore_keys))
+        trainer_state = restored.get("trainer") or {}  # load_ignore_keys may leave time or scheduler out
+        if "time" in trainer_state:
+            self.time = TrainTime(**trainer_state["time"])
+        if "scheduler" in trainer_state:
+            self.scheduler.load_state_dict(trainer_state["scheduler"])
         if restored.get("dataloader") is not None:
             self.train_loader.load_state_dict(restored["dataloader"])
         self._print(f"resumed from {checkpoint.resolve_checkpoint(path)} at batch {self.time.batch}")
@@ -178,9 +204,12 @@ class Trainer:
     # ----- the loop -----
     def fit(self) -> dict[str, float]:
         cfg = self.cfg
+        if cfg.only_hf_checkpoint or cfg.only_composer_checkpoint:
+            write_only_checkpoint(self)
+            return {}
         if cfg.log_config:
             for logger in self.loggers:
-                logger.log_hyperparameters(self.config_plain)
+                logger.log_hyperparameters(self.logged_config)
         for cb in self.callbacks:
             cb.on_fit_start(self)
         bar = tqdm(total=self.max_batches, initial=self.time.batch, unit="ba", desc="train", dynamic_ncols=True,
@@ -200,7 +229,7 @@ class Trainer:
                 bar.update(1)
                 bar.set_postfix(loss=f"{metrics['loss/train/total']:.4f}")
                 step = self.time.batch
-                if self.can_evaluate and step % self.eval_every == 0:
+                if self.can_evaluate and self.periodic_eval and step % self.eval_every == 0:
                     metrics.update(self.evaluate(log=False))
                     last_eval_batch = step
                 self._log(metrics, console=step % self.log_every == 0 or step == self.max_batches)
@@ -210,13 +239,17 @@ class Trainer:
                     last_save_batch = step
                 if step >= self.max_batches:
                     break
+                if 0 < cfg.train_subset_num_batches <= self.time.batch_in_epoch:  # the epoch ends here
+                    self.time.epoch += 1
+                    self.time.batch_in_epoch = 0
+                    break
             else:
                 self.time.epoch += 1
                 self.time.batch_in_epoch = 0
             if not progressed:
                 raise ConfigError("train_loader: yielded no batches (is the dataset smaller than one batch?)")
         bar.close()
-        if self.can_evaluate and last_eval_batch != self.time.batch:
+        if self.can_evaluate and self.periodic_eval and last_eval_batch != self.time.batch:
             last_metrics.update(self.evaluate())
         if cfg.save_folder and last_save_batch != self.time.batch:
             self.save()
@@ -238,6 +271,8 @@ class Trainer:
         self.parallel_model.train()
         num_samples = device_batch["input_ids"].size(0)
         targets = dist.all_reduce_sum(count_target_tokens(device_batch["labels"]).float())
+        if not self.cfg.accumulate_train_batch_on_tokens:  # Composer's per-sample rule: normalise by samples
+            targets = targets.new_tensor(float(num_samples * self.dist.world_size))
         while True:
             try:
                 loss_sum = self._forward_backward(device_batch, targets)
@@ -281,12 +316,17 @@ class Trainer:
             else:
                 self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
+        # As Composer does: the schedule is evaluated before the time advances, so step k >= 2 uses its value
+        # after k - 2 batches and the first value serves two steps; a resumed run restores the same lr.
         self.scheduler.step()
 
         self.time.batch += 1
         self.time.batch_in_epoch += 1
         self.time.sample += num_samples * self.dist.world_size
-        self.time.token += int(dist.all_reduce_sum(device_batch["input_ids"].new_tensor(device_batch["input_ids"].numel())))
+        ids = device_batch["input_ids"]  # tokens as Composer counts them: the attention mask's, padding left out
+        mask = device_batch.get("attention_mask")
+        tokens = mask.sum() if mask is not None else ids.new_tensor(ids.numel())
+        self.time.token += int(dist.all_reduce_sum(tokens))
         if not math.isfinite(loss):
             log.warning("non-finite training loss at batch %d", self.time.batch)
         metrics["loss/train/total"] = loss
@@ -311,6 +351,8 @@ class Trainer:
                 with precision.autocast(cfg.precision, self.device):
                     logits = self.parallel_model(**self._model_inputs(micro)).logits
                 micro_loss = causal_lm_loss(logits, micro["labels"], reduction="sum")
+                if not cfg.accumulate_train_batch_on_tokens:  # the microbatch's mean loss, weighted by its samples
+                    micro_loss = micro_loss / count_target_tokens(micro["labels"]).clamp(min=1) * micro["input_ids"].size(0)
                 # Normalise by the tokens of the whole global batch; DDP/FSDP average over ranks, so undo that.
                 scaled = micro_loss * self.dist.world_size / targets.clamp(min=1)
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
@@ -333,8 +375,8 @@ class Trainer:
     def evaluate(self, log: bool = True) -> dict[str, float]:
         """Loss and perplexity over the eval loader, then the ICL tasks and gauntlet, when configured."""
         metrics: dict[str, float] = {}
-        if self.eval_loader is not None:
-            metrics.update(self._eval_loss())
+        for prefix, loader in self.eval_loaders:
+            metrics.update(self._eval_loss(prefix, loader))
         if self.icl is not None:
             self.last_icl_metrics = self.icl.evaluate(self.model, self.device)
             metrics.update(self.last_icl_metrics)
@@ -346,12 +388,13 @@ class Trainer:
             self._log(metrics, console=False)
         return metrics
 
-    def _eval_loss(self) -> dict[str, float]:
-        """Loss and perplexity over the eval loader (all of it, or eval_subset_num_batches)."""
+    def _eval_loss(self, prefix: str, loader) -> dict[str, float]:
+        """Loss and perplexity over one eval loader (all of it, or eval_subset_num_batches), as prefix/..."""
         self.parallel_model.eval()
         loss_sum = torch.zeros((), device=self.device, dtype=torch.float64)
         tokens = torch.zeros((), device=self.device, dtype=torch.float64)
-        for i, batch in enumerate(self.eval_loader):
+        correct = torch.zeros((), device=self.device, dtype=torch.float64)
+        for i, batch in enumerate(loader):
             if 0 <= self.cfg.eval_subset_num_batches <= i:
                 break
             self._check_token_ids(batch)
@@ -360,11 +403,15 @@ class Trainer:
                 logits = self.model(**self._model_inputs(batch)).logits
             loss_sum += causal_lm_loss(logits, batch["labels"], reduction="sum").double()
             tokens += count_target_tokens(batch["labels"]).double()
-        loss = float(dist.all_reduce_sum(loss_sum) / dist.all_reduce_sum(tokens).clamp(min=1))
-        metrics = {"metrics/eval/LanguageCrossEntropy": loss,
-                   "metrics/eval/LanguagePerplexity": math.exp(min(loss, 700.0))}
-        self.history.losses.append((self.time.batch, loss))
-        self._print(f"[eval] batch {self.time.batch}: loss {loss:.4f}, perplexity {metrics['metrics/eval/LanguagePerplexity']:.2f}")
+            correct += count_correct_tokens(logits, batch["labels"]).double()
+        total = dist.all_reduce_sum(tokens).clamp(min=1)
+        loss = float(dist.all_reduce_sum(loss_sum) / total)
+        metrics = {f"{prefix}/LanguageCrossEntropy": loss, f"{prefix}/LanguagePerplexity": math.exp(min(loss, 700.0)),
+                   f"{prefix}/TokenAccuracy": float(dist.all_reduce_sum(correct) / total)}
+        if prefix == self.eval_loaders[0][0]:  # the first loader's losses make the summary
+            self.history.losses.append((self.time.batch, loss))
+        self._print(f"[{prefix.removeprefix('metrics/')}] batch {self.time.batch}: loss {loss:.4f}, perplexity "
+                    f"{metrics[f'{prefix}/LanguagePerplexity']:.2f}")
         return metrics
 
     # ----- checkpoints and logging -----
@@ -374,7 +421,7 @@ class Trainer:
             name, model=self.model, optimizer=self.optimizer,
             trainer_state={"time": vars(self.time).copy(), "scheduler": self.scheduler.state_dict()},
             loader_state=self.train_loader.state_dict(), config=self.config_plain, tokenizer=self.tokenizer,
-            weights_only=self.cfg.save_weights_only,
+            weights_only=self.cfg.save_weights_only, ignore=compat.IgnoreKeys(self.cfg.save_ignore_keys),
             full_weights=self.cfg.fsdp_config is not None and self.cfg.fsdp_config.state_dict_type == "full")
         self._print(f"saved checkpoint {path}" + (" (uploading)" if self.checkpointer.remote else ""))
         for cb in self.callbacks:

@@ -66,3 +66,8 @@ def test_check_reports_every_problem_and_exits_2(tmp_path, capsys):
 def test_check_recognises_an_eval_recipe(capsys):
     assert cli_main(["check", "yamls/eval/gauntlet.yaml"]) == 0
     assert "valid eval recipe" in capsys.readouterr().out
+
+
+def test_check_names_a_registered_name_that_llm_foundry_lacks(capsys):
+    assert cli_main(["check", "yamls/mpt/125m.yaml", "optimizer.name=adamw"]) == 0
+    assert "optimizer.name=adamw: llm-foundry has no 'adamw' optimizer" in capsys.readouterr().out

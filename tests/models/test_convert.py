@@ -20,7 +20,7 @@ ROPE_GQA_SWIGLU = dict(
     norm_type="rmsnorm",
     tie_word_embeddings=False,
     attn_config={"rope": True, "attn_type": "grouped_query_attention", "kv_n_heads": 2, "rope_theta": 500.0},
-    ffn_config={"ffn_type": "mptglu", "ffn_hidden_size": 88},
+    ffn_config={"ffn_type": "mptglu", "ffn_hidden_size": 88, "ffn_act_fn": {"name": "silu"}},
 )
 # llm-foundry's default MPT: learned positions, biases everywhere, LayerNorm, GELU MLP (untied, to test lm_head)
 LEARNED_BIASED = dict(learned_pos_emb=True, no_bias=False, norm_type="layernorm", tie_word_embeddings=False)

@@ -1,39 +1,23 @@
-"""Optimizers, schedules, precision policies, microbatching and meta-device init, checked against hand-computed values."""
+"""Optimizers, precision policies, microbatching and meta-device init, checked against hand-computed values."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 
 import pytest
 import torch
 from torch import nn
 
+from llmfoundry.core import notices
 from llmfoundry.core.errors import ConfigError
-from llmfoundry.core.timeunits import Rates
-from llmfoundry.train import optim, schedules
-from llmfoundry.train.recipe import validate
+from llmfoundry.core.precision import autocast, supported_precision
+from llmfoundry.train import optim
+from llmfoundry.train.recipe import TrainConfig, validate
 from llmfoundry.train.settings import FSDPConfig
 from llmfoundry.train.trainer import device_batch_size
 from tests.helpers import make_trainer
-
-RATES = Rates(batches_per_epoch=10, samples_per_batch=8, tokens_per_batch=512, max_duration_batches=100)
-
-
-@pytest.mark.parametrize("build, settings, expected", [
-    (schedules.build_cosine, schedules.CosineSettings(t_warmup="10ba", alpha_f=0.1),
-     {0: 0.0, 5: 0.5, 10: 1.0, 55: 0.55, 100: 0.1, 120: 0.1}),
-    (schedules.build_linear, schedules.LinearSettings(t_warmup="0.1dur", alpha_f=0.0),
-     {5: 0.5, 10: 1.0, 55: 0.5, 100: 0.0}),
-    (schedules.build_constant, schedules.ConstantSettings(t_warmup="1ep", alpha=0.5), {5: 0.25, 10: 0.5, 90: 0.5}),
-    (schedules.build_inv_sqrt, schedules.InvSqrtSettings(t_warmup="2560tok", t_scale="40sp"),
-     {0: 0.0, 5: 1.0, 20: 1 / math.sqrt(4), 50: 1 / math.sqrt(10)}),
-    (schedules.build_inv_sqrt, schedules.InvSqrtSettings(t_warmup="0ba", t_scale="10ba", t_cooldown="10ba", alpha_f=0.0),
-     {90: 1 / math.sqrt(10), 95: 0.5 / math.sqrt(10), 100: 0.0}),
-])
-def test_schedule_values_at_known_batches(build, settings, expected):
-    multiplier = build(settings, RATES)
-    for batch, value in expected.items():
-        assert multiplier(batch) == pytest.approx(value, abs=1e-12), batch
 
 
 def test_lion_step_matches_a_hand_computed_example():
@@ -161,3 +145,26 @@ def test_fsdp_keys_validate_and_unknown_ones_are_named():
         validate({"activation_checkpoint": True}, FSDPConfig)
     with pytest.raises(ConfigError, match=r"^mixed_precision.param_dtype: 'fp8' is not a dtype \(use one of fp32,"):
         validate({"mixed_precision": {"param_dtype": "fp8"}}, FSDPConfig)
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.is_bf16_supported(), reason="needs a machine without bf16")
+def test_default_precision_is_amp_bf16_and_without_a_bf16_gpu_it_trains_in_fp32_with_one_notice(recipe, caplog):
+    assert validate(recipe(), TrainConfig).precision == "amp_bf16"  # llm-foundry's default
+    notices._seen.clear()
+    with caplog.at_level(logging.WARNING, logger="llmfoundry"):
+        trainer = make_trainer(recipe(eval_loader=None, max_duration="2ba"))
+        assert math.isfinite(trainer.fit()["loss/train/total"])
+        make_trainer(recipe(eval_loader=None, max_duration="1ba"))  # a second run in the process: no new notice
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("precision: ")]
+    assert len(said) == 1 and "trains in fp32" in said[0]
+    assert trainer.cfg.precision == "fp32" and trainer.scaler is None
+    assert isinstance(autocast(trainer.cfg.precision, trainer.device), contextlib.nullcontext)
+
+
+def test_amp_bf16_runs_as_asked_on_a_bf16_gpu_and_falls_back_on_one_without(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert supported_precision("amp_bf16", torch.device("cuda")) == ("amp_bf16", None)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    policy, note = supported_precision("amp_bf16", torch.device("cuda"))
+    assert policy == "fp32" and note.startswith("precision: amp_bf16") and "a GPU without bf16" in note
+    assert supported_precision("amp_fp16", torch.device("cpu")) == ("amp_fp16", None)  # asked for: kept

@@ -130,7 +130,7 @@ def test_icl_tasks_and_gauntlet_run_at_each_evaluation(recipe, tmp_path, capsys)
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ({"eval_interval": "0ba"}, "eval_interval: must be at least one batch, got '0ba'"),
+    ({"eval_interval": "0dur"}, "eval_interval: must be at least one batch, got '0dur'"),  # 0 / 0ba: no eval
     ({"save_interval": "0.0dur"}, "save_interval: must be at least one batch, got '0.0dur'"),
     ({"global_train_batch_size": 4096, "device_train_microbatch_size": 8},
      "train_loader: the dataset has fewer samples than one batch (4096)"),

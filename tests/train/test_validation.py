@@ -24,10 +24,12 @@ def problems_of(cfg: dict) -> list[str]:
     return error.value.problems
 
 
-def test_adaptive_gradient_clipping_is_refused_by_validation(recipe, tmp_path, capsys):
-    assert train(tmp_path, recipe(), "algorithms.gradient_clipping.clipping_type=adaptive") == 2
-    assert capsys.readouterr().err.strip() == ("error: algorithms.gradient_clipping.clipping_type: 'adaptive' is "
-                                               "not supported yet (use norm or value)")
+def test_composer_model_surgery_is_refused_by_validation(recipe, tmp_path, capsys):
+    assert train(tmp_path, recipe(), "+algorithms.low_precision_layernorm.apply_at_fit_start=true") == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: algorithms.low_precision_layernorm: Composer's model surgery is not done here: remove it and, on "
+        "mpt_causal_lm, set model.norm_type: low_precision_layernorm (an hf_causal_lm model cannot be changed: use "
+        "mpt_causal_lm with that key)")
 
 
 def test_fsdp_mixed_precision_mapping_keys_and_dtypes_are_checked_by_validation(recipe):
@@ -44,12 +46,12 @@ def test_fsdp_mixed_precision_mapping_keys_and_dtypes_are_checked_by_validation(
 
 
 def test_problems_of_different_sections_are_reported_together(recipe, tmp_path, capsys):
-    overrides = ["algorithms.gradient_clipping.clipping_type=adaptive", "+fsdp_config.mixed_precision.param_dtype=fp8",
+    overrides = ["+algorithms.alibi.max_sequence_length=64", "+fsdp_config.mixed_precision.param_dtype=fp8",
                  "max_duration=0.5dur"]  # fmt: skip
     assert train(tmp_path, recipe(), *overrides) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: 3 problems in the config:")
-    for key in ("algorithms.gradient_clipping.clipping_type:", "fsdp_config.mixed_precision.param_dtype: 'fp8'",
+    for key in ("algorithms.alibi: Composer's model surgery", "fsdp_config.mixed_precision.param_dtype: 'fp8'",
                 "max_duration: cannot be given in dur"):
         assert key in err
 

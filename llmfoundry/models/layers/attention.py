@@ -24,6 +24,10 @@ from torch import nn
 from llmfoundry.models.layers.norm import build_norm
 from llmfoundry.models.layers.positional import alibi_bias, apply_rope
 
+# llm-foundry's attention-class defaults for q_ln / k_ln (see Attention.__init__)
+QK_NORM_TYPE = "low_precision_layernorm"
+QK_NORM_EPS = 1e-5
+
 
 @dataclass
 class AttentionMask:
@@ -152,21 +156,28 @@ class Attention(nn.Module):
         bias = arch.qkv_bias
         if self.fused:
             self.Wqkv = nn.Linear(arch.d_model, q_dim + 2 * kv_dim, bias=bias)
-            self.Wqkv._fused_splits = self.splits  # init q, k, v as three layers (see layers/init.py)
+            # initialised one head at a time, as llm-foundry does (see layers/init.py)
+            self.Wqkv._fused_splits = [self.head_dim] * (self.n_heads + 2 * self.kv_heads)
         else:
             self.q_proj = nn.Linear(arch.d_model, q_dim, bias=bias)
             self.k_proj = nn.Linear(arch.d_model, kv_dim, bias=bias)
             self.v_proj = nn.Linear(arch.d_model, kv_dim, bias=bias)
+            for proj, heads in ((self.q_proj, self.n_heads), (self.k_proj, self.kv_heads), (self.v_proj, self.kv_heads)):
+                proj._fused_splits = [self.head_dim] * heads
         self.out_proj = nn.Linear(q_dim, arch.d_model, bias=bias)
         self.out_proj._is_residual = True
 
-        # qk_ln normalises the whole q / k projection; qk_gn normalises each head separately.
+        # qk_ln normalises the whole q / k projection; qk_gn normalises each head separately. As in llm-foundry,
+        # q_ln / k_ln are always low_precision_layernorm with eps 1e-5, whatever the model's norm_type / norm_eps:
+        # its MPTBlock passes neither to the attention class, whose defaults these are (so with norm_type: rmsnorm
+        # the block norms are RMSNorms but q_ln / k_ln are LayerNorms, which subtract the mean).
         self.qk_ln, self.qk_gn = a.qk_ln, a.qk_gn
         if a.qk_ln or a.qk_gn:
             norm_bias = not arch.no_bias
-            self.q_ln = build_norm(arch.norm_type, self.head_dim if a.qk_gn else q_dim, arch.norm_eps, norm_bias)
-            self.k_ln = build_norm(arch.norm_type, self.head_dim if a.qk_gn else kv_dim, arch.norm_eps, norm_bias)
+            self.q_ln = build_norm(QK_NORM_TYPE, self.head_dim if a.qk_gn else q_dim, QK_NORM_EPS, norm_bias)
+            self.k_ln = build_norm(QK_NORM_TYPE, self.head_dim if a.qk_gn else kv_dim, QK_NORM_EPS, norm_bias)
         self.clip_qkv = a.clip_qkv
+        self.rope_fp32 = a.rope_impl == "dail"  # flash-attn's rotary kernel computes in fp32 (see apply_rope)
         self.scale = a.softmax_scale if a.softmax_scale is not None else 1.0 / math.sqrt(self.head_dim)
         self.softcap = a.attn_logit_softcapping
         self.dropout = a.attn_pdrop
@@ -182,18 +193,19 @@ class Attention(nn.Module):
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
             if self.clip_qkv:
                 q, k, v = (t.clamp(-self.clip_qkv, self.clip_qkv) for t in (q, k, v))
+        # qk_ln / qk_gn come after clip_qkv, and their outputs keep the projections' dtype (as in llm-foundry).
         if self.qk_ln:
-            q, k = self.q_ln(q), self.k_ln(k)
+            q, k = self.q_ln(q).to(q.dtype), self.k_ln(k).to(k.dtype)
 
         q = q.view(B, T, self.n_heads, self.head_dim)
         k = k.view(B, T, self.kv_heads, self.head_dim)
         v = v.view(B, T, self.kv_heads, self.head_dim)
         if self.qk_gn:
-            q, k = self.q_ln(q), self.k_ln(k)
+            q, k = self.q_ln(q).to(q.dtype), self.k_ln(k).to(k.dtype)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, head_dim)
         if rope is not None:
             cos, sin = rope
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            q, k = apply_rope(q, cos, sin, self.rope_fp32), apply_rope(k, cos, sin, self.rope_fp32)
         if cache is not None:  # append this step's keys/values; attend over everything cached so far
             k, v = cache.update(k, v, self.layer_idx)
 

@@ -1,24 +1,65 @@
-"""Feed-forward networks: MPT's MLP (up, activation, down) and the gated GLU variant (SwiGLU by default)."""
+"""Feed-forward networks: MPT's MLP (up, activation, down) and the gated GLU variant (down(act(gate) * up)).
+
+Both default to exact GELU, as in llm-foundry; set ``ffn_act_fn: {name: silu}`` for Llama's SwiGLU."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from llmfoundry.core.errors import first_line
 
-def build_activation(spec: dict | None, ffn_type: str):
-    """The activation named in ffn_config.ffn_act_fn; exact GELU for mptmlp and SiLU for mptglu by default."""
-    spec = dict(spec or {"name": "gelu" if ffn_type == "mptmlp" else "silu"})
-    name = spec.pop("name")
-    if name == "gelu":
-        return nn.GELU(approximate=spec.get("approximate", "none"))
+DEFAULT_ACT_FN = {"name": "gelu", "approximate": "none"}  # llm-foundry's default for every ffn_type
+
+
+def _resolve(spec: dict) -> tuple[str, dict]:
+    """(function name in torch.nn.functional, keyword arguments); gelu_tanh is kept as GELU's tanh form."""
+    spec = dict(spec)
+    name = spec.pop("name", None)
     if name == "gelu_tanh":
-        return nn.GELU(approximate="tanh")
-    if name == "silu":
-        return nn.SiLU()
-    if name == "relu":
-        return nn.ReLU()
-    raise ValueError(f"unknown activation {name!r}")
+        return "gelu", {"approximate": "tanh", **spec}
+    return name, spec
+
+
+def activation_problem(spec: Any) -> str | None:
+    """Why an ffn_act_fn mapping is not a usable torch.nn.functional activation (a key suffix + message), or None."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        return f": a mapping {{name: <torch.nn.functional activation>, ...}}, got {spec!r}"
+    name, kwargs = _resolve(spec)
+    fn = getattr(F, name, None)
+    if name.startswith("_") or not callable(fn):
+        return f".name: '{name}' is not a function of torch.nn.functional (e.g. gelu, silu, relu, leaky_relu)"
+    try:
+        out = fn(torch.linspace(-2, 2, 8).view(2, 4), **kwargs)
+    except (TypeError, ValueError, RuntimeError) as error:
+        return f": torch.nn.functional.{name}({', '.join(sorted(kwargs))}) is not an activation ({first_line(error)})"
+    if not isinstance(out, torch.Tensor) or out.shape != (2, 4):
+        return f".name: torch.nn.functional.{name} does not map a tensor to one of the same shape"
+    return None
+
+
+class Activation(nn.Module):
+    """``torch.nn.functional.<name>(x, **kwargs)``, as llm-foundry builds ffn_act_fn."""
+
+    def __init__(self, name: str, **kwargs: Any):
+        super().__init__()
+        self.name, self.kwargs = name, kwargs
+        self.fn = getattr(F, name)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fn(x, **self.kwargs)
+
+    def extra_repr(self) -> str:
+        return ", ".join([self.name] + [f"{k}={v!r}" for k, v in self.kwargs.items()])
+
+
+def build_activation(spec: dict | None, ffn_type: str) -> Activation:
+    """The activation named in ffn_config.ffn_act_fn; exact GELU by default (mptmlp and mptglu alike)."""
+    name, kwargs = _resolve(spec or DEFAULT_ACT_FN)
+    return Activation(name, **kwargs)
 
 
 class MPTMLP(nn.Module):
@@ -33,16 +74,14 @@ class MPTMLP(nn.Module):
         return self.down_proj(self.act(self.up_proj(x)))
 
 
-class MPTGLU(nn.Module):
-    """down(act(gate(x)) * up(x)); with SiLU this is Llama's SwiGLU, weight for weight."""
+class MPTGLU(MPTMLP):
+    """down(act(gate(x)) * up(x)); with SiLU this is Llama's SwiGLU, weight for weight. The hidden width is
+    expansion_ratio * d_model (or ffn_hidden_size) with no 2/3 scaling, and gate_proj is created after up/down,
+    as in llm-foundry (so that a seed initialises the same layers in the same order)."""
 
     def __init__(self, d_model: int, hidden: int, act: nn.Module, bias: bool):
-        super().__init__()
+        super().__init__(d_model, hidden, act, bias)
         self.gate_proj = nn.Linear(d_model, hidden, bias=bias)
-        self.up_proj = nn.Linear(d_model, hidden, bias=bias)
-        self.act = act
-        self.down_proj = nn.Linear(hidden, d_model, bias=bias)
-        self.down_proj._is_residual = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))

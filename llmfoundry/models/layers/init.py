@@ -34,9 +34,8 @@ def _weight_init_fn(cfg, d_model: int, n_layers: int):
     elif name == "kaiming_uniform_":
         fn = partial(nn.init.kaiming_uniform_, a=cfg.init_gain, mode=cfg.fan_mode, nonlinearity=cfg.init_nonlinearity)
     elif name in ("xavier_normal_", "xavier_uniform_"):
-        # A gain of 0 would zero the weights; llm-foundry's default init_gain is 0, so read it as "default gain".
-        gain = cfg.init_gain or 1.0
-        fn = partial(getattr(nn.init, name), gain=gain)
+        # A gain of 0 (llm-foundry's default init_gain) would zero the weights: validation rejects it.
+        fn = partial(getattr(nn.init, name), gain=cfg.init_gain)
     else:
         raise ValueError(f"unknown init_config.name {name!r}")
 
@@ -52,6 +51,11 @@ def _weight_init_fn(cfg, d_model: int, n_layers: int):
 def init_module(module: nn.Module, arch) -> None:
     """Initialise the parameters that ``module`` owns directly (not its children)."""
     cfg = arch.init_config
+    if cfg.name == "default_" and isinstance(module, (nn.Linear, nn.Embedding)):
+        # llm-foundry's default_: each layer's own torch init (reset_parameters); no residual scaling, and the
+        # embedding options are not read
+        module.reset_parameters()
+        return
     if isinstance(module, nn.Linear):
         fn, div = _weight_init_fn(cfg, arch.d_model, arch.n_layers)
         splits = getattr(module, "_fused_splits", None)

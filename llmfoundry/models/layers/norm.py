@@ -35,7 +35,8 @@ class LayerNorm(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    """x / rms(x) * weight; the statistic is computed in fp32 (unless low_precision), like Llama's."""
+    """x / rms(x) * weight, as llm-foundry computes it: in fp32 (weight included) and cast back to x's dtype;
+    low_precision computes in the autocast dtype instead and also returns x's dtype."""
 
     def __init__(self, dim: int, eps: float = 1e-5, bias: bool = False, low_precision: bool = False, device=None):
         super().__init__()
@@ -48,9 +49,8 @@ class RMSNorm(nn.Module):
         dtype = _autocast_dtype(x) if self.low_precision else None
         if dtype is not None:
             with torch.autocast(x.device.type, enabled=False):
-                return F.rms_norm(x.to(dtype), x.shape[-1:], self.weight.to(dtype), self.eps)
-        out = F.rms_norm(x.float(), x.shape[-1:], None, self.eps).to(x.dtype)
-        return out * self.weight
+                return F.rms_norm(x.to(dtype), x.shape[-1:], self.weight.to(dtype), self.eps).to(x.dtype)
+        return F.rms_norm(x.float(), x.shape[-1:], self.weight.float(), self.eps).to(x.dtype)
 
 
 def build_norm(norm_type: str, dim: int, eps: float, bias: bool, device=None) -> nn.Module:

@@ -27,11 +27,15 @@ from transformers import PretrainedConfig
 
 from llmfoundry.config.fields import option
 from llmfoundry.core.errors import ConfigError, did_you_mean
+from llmfoundry.models.layers.ffn import activation_problem
+from llmfoundry.models.layers.positional import ROPE_SCALING_KEYS, ROPE_SCALING_REQUIRED
+from llmfoundry.models.mpt.act_ckpt import target_problems
+from llmfoundry.models.mpt.block_overrides import check_block_overrides
 
-NormType = Literal["layernorm", "low_precision_layernorm", "rmsnorm", "low_precision_rmsnorm"]
+NormType = Literal["layernorm", "low_precision_layernorm", "rmsnorm", "low_precision_rmsnorm", "triton_rmsnorm"]
 InitName = Literal[
     "kaiming_normal_", "kaiming_uniform_", "xavier_normal_", "xavier_uniform_", "baseline_", "small_init_",
-    "neox_init_",
+    "neox_init_", "default_",
 ]  # fmt: skip
 
 
@@ -54,12 +58,26 @@ class AttnConfig:
     alibi_bias_max: int = option(8, "ALiBi: the slope of head h is 2^(-alibi_bias_max * h / n_heads)")
     rope: bool = option(False, "rotary position embeddings")
     rope_theta: float = option(10000.0, "RoPE base")
-    rope_impl: Literal["dail", "hf"] = option("dail", "RoPE convention name (both rotate halves, like Llama)")
+    rope_impl: Literal["dail", "hf"] = option(
+        "dail", "dail (flash-attn's rotary: math in fp32, rounded once) or hf (transformers' Llama: math in the "
+        "activations' dtype); both rotate halves (not interleaved) and differ only in rounding under bf16/fp16"
+    )
     rope_dail_config: dict[str, Any] = option(
-        {"type": "original", "pos_idx_in_fp32": True, "xpos_scale_base": 512}, "RoPE variant", unsupported="xpos"
+        {"type": "original", "pos_idx_in_fp32": True, "xpos_scale_base": 512},
+        "rope_impl dail's variant: type original (xpos is refused: see the error), pos_idx_in_fp32, xpos_scale_base",
     )
     rope_hf_config: dict[str, Any] = option(
-        {"type": "no_scaling", "factor": 1.0}, "RoPE scaling", unsupported="RoPE scaling"
+        {"type": "no_scaling", "factor": 1.0},
+        "rope_impl hf's scaling, transformers' rope_scaling keys: type no_scaling | linear | dynamic (factor), yarn "
+        "(factor, original_max_position_embeddings, attention_factor, beta_fast, beta_slow, mscale, mscale_all_dim, "
+        "truncate) or llama3 (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings)",
+    )
+    kv_dim: int | None = option(
+        None, "input width of the key/value projections (cross-attention only; must be d_model)"
+    )
+    reuse_kv_layer_idx: int | None = option(None, "reuse another layer's keys and values (refused: see the error)")
+    nope: bool = option(
+        False, "not an llm-foundry key (refused): NoPE is learned_pos_emb: false with alibi and rope off"
     )
     attn_uses_sequence_id: bool = option(False, "block-diagonal causal attention: packed documents stay separate")
     sliding_window_size: int = option(-1, "attend only to the previous N tokens (-1: unlimited)")
@@ -68,10 +86,13 @@ class AttnConfig:
 
 @dataclass
 class FFNConfig:
-    ffn_type: Literal["mptmlp", "mptglu"] = option("mptmlp", "mptmlp (up, act, down) or mptglu (gated, SwiGLU)")
+    ffn_type: Literal["mptmlp", "mptglu", "mptgeglu"] = option(
+        "mptmlp", "mptmlp (up, act, down) or mptglu (gated: down(act(gate) * up); SwiGLU with ffn_act_fn silu)"
+    )
     ffn_hidden_size: int | None = option(None, "hidden width; default expansion_ratio * d_model")
     ffn_act_fn: dict[str, Any] | None = option(
-        None, "activation as {name: gelu|silu|relu, approximate: none|tanh}; default gelu for mptmlp, silu for mptglu"
+        None, "activation: {name: <any torch.nn.functional activation>, <its keyword arguments>}, e.g. {name: gelu, "
+        "approximate: tanh} or {name: leaky_relu, negative_slope: 0.1}; default exact gelu (mptmlp and mptglu)"
     )
 
 
@@ -84,7 +105,7 @@ class InitConfig:
     emb_init_std: float | None = option(None, "std of the embedding init (overrides the scheme)")
     emb_init_uniform_lim: float | list[float] | None = option(None, "uniform embedding init in [-lim, lim] or [a, b]")
     init_std: float | None = option(None, "std for baseline_")
-    init_gain: float = option(0.0, "gain (kaiming: negative slope a; xavier: gain, 0 meaning 1)")
+    init_gain: float = option(0.0, "gain (kaiming: negative slope a; xavier: gain, which must then be set)")
     fan_mode: Literal["fan_in", "fan_out"] = option("fan_in", "kaiming fan mode")
     init_nonlinearity: Literal["relu", "leaky_relu", "linear", "tanh"] = option("relu", "kaiming nonlinearity")
     verbose: int = option(0, "unused; accepted for llm-foundry compatibility")
@@ -116,6 +137,14 @@ class MPTArch:
         "cpu", "where parameters are created; meta defers allocation until the trainer materialises shards"
     )
     use_cache: bool = option(False, "return a KV cache from forward by default")
+    fc_type: str | dict[str, Any] = option("torch", "linear layer implementation: torch (or {name: torch}); te is refused")
+    use_pad_tok_in_ffn: bool = option(
+        True, "false: padding tokens skip the FFN; outputs at real tokens are the same, so here it changes nothing"
+    )
+    block_overrides: dict[str, Any] | None = option(
+        None, "per-layer attention overrides: {start|repeating_pattern|end: [{name, repeat}], overrides: {name: "
+        "{attn_config: {sliding_window_size: ...}}}} (llm-foundry's newer shape) or {order: [...], overrides: ...}",
+    )
     attn_config: AttnConfig = option(default_factory=AttnConfig, doc="attention options")
     ffn_config: FFNConfig = option(default_factory=FFNConfig, doc="feed-forward options")
     init_config: InitConfig = option(default_factory=InitConfig, doc="initialisation options")
@@ -152,6 +181,9 @@ class MPTArch:
             scheme = "alibi" if a.alibi else "rope"
             warnings.warn(f"model.attn_config.{scheme} is on, so model.learned_pos_emb is set to false", stacklevel=3)
             self.learned_pos_emb = False
+        if isinstance(a, AttnConfig) and not (a.alibi or a.rope or self.learned_pos_emb):
+            warnings.warn("model: learned_pos_emb, attn_config.alibi and attn_config.rope are all off, so the model "
+                          "has no positional information (NoPE), as llm-foundry also warns", stacklevel=3)
 
     def check_settings(self, prefix: str = "model") -> list[str]:
         """Every inconsistent key, one message each (called by the schema validator, and by validate())."""
@@ -188,10 +220,17 @@ class MPTArch:
             problems.append(f"{p}.embedding_fraction: in (0, 1], got {self.embedding_fraction}")
         if isinstance(self.logit_scale, str) and self.logit_scale != "inv_sqrt_d_model":
             problems.append(f"{p}.logit_scale: a number or 'inv_sqrt_d_model', got '{self.logit_scale}'")
+        if f.ffn_hidden_size is None and int(self.d_model * self.expansion_ratio) != self.d_model * self.expansion_ratio:
+            problems.append(f"{p}.expansion_ratio: d_model * expansion_ratio must be a whole number, got "
+                            f"{self.d_model} * {self.expansion_ratio} (or set {p}.ffn_config.ffn_hidden_size)")
+        if self.init_config.name.startswith("xavier_") and self.init_config.init_gain == 0:
+            problems.append(f"{p}.init_config.init_gain: {self.init_config.name} with gain 0 initialises every weight "
+                            "to zero (as in llm-foundry); set init_gain, e.g. 1.0")
         if f.ffn_act_fn is not None:
-            name = f.ffn_act_fn.get("name")
-            if name not in ACTIVATIONS:
-                problems.append(f"{p}.ffn_config.ffn_act_fn.name: '{name}' is not one of {', '.join(ACTIVATIONS)}")
+            problem = activation_problem(f.ffn_act_fn)
+            if problem:
+                problems.append(f"{p}.ffn_config.ffn_act_fn{problem}")
+        problems += _layer_key_problems(self, p)
         if self.init_config.name == "baseline_" and self.init_config.init_std is None:
             problems.append(f"{p}.init_config.init_std: required by init_config.name=baseline_")
         return problems
@@ -203,7 +242,55 @@ class MPTArch:
             raise ConfigError.many(problems)
 
 
-ACTIVATIONS = ("gelu", "silu", "relu", "gelu_tanh")
+def _layer_key_problems(arch: MPTArch, p: str) -> list[str]:
+    """llm-foundry's keys for layer implementations, RoPE variants and per-layer overrides."""
+    a, problems = arch.attn_config, []
+    if a.kv_dim is not None and a.kv_dim != arch.d_model:
+        problems.append(f"{p}.attn_config.kv_dim: keys/values from an input of another width exist only in "
+                        f"cross-attention, which this decoder never does; remove it (got {a.kv_dim})")
+    if a.nope:
+        problems.append(f"{p}.attn_config.nope: llm-foundry has no such key; a model without positional encoding "
+                        f"(NoPE) is {p}.learned_pos_emb: false with attn_config.alibi and attn_config.rope false")
+    if a.reuse_kv_layer_idx is not None:
+        problems.append(f"{p}.attn_config.reuse_kv_layer_idx: reusing another layer's keys and values is not "
+                        "supported: the keys would leave their block outside its inputs and outputs, which per-block "
+                        "sharding and activation checkpointing do not track (llm-foundry: flash only, per layer in "
+                        "block_overrides); remove it")
+    dail, hf = a.rope_dail_config, a.rope_hf_config
+    extra = set(dail) - {"type", "pos_idx_in_fp32", "xpos_scale_base"}
+    if extra:
+        problems.append(f"{p}.attn_config.rope_dail_config.{sorted(extra)[0]}: unknown key (type, pos_idx_in_fp32, "
+                        "xpos_scale_base)")
+    if dail.get("type", "original") not in ("original", "xpos"):
+        problems.append(f"{p}.attn_config.rope_dail_config.type: 'original' or 'xpos', got {dail.get('type')!r}")
+    elif dail.get("type") == "xpos" and a.rope and a.rope_impl == "dail":
+        problems.append(f"{p}.attn_config.rope_dail_config.type: xpos is not supported: flash-attn centres its "
+                        "scale on the longest sequence its cache has seen, so outputs depend on earlier calls; "
+                        "use type: original")
+    kind = hf.get("type", "no_scaling")
+    if kind not in ROPE_SCALING_KEYS:
+        problems.append(f"{p}.attn_config.rope_hf_config.type: '{kind}' is not one of {', '.join(ROPE_SCALING_KEYS)}")
+    else:
+        for key in sorted(set(hf) - ROPE_SCALING_KEYS[kind] - {"type"}):
+            problems.append(f"{p}.attn_config.rope_hf_config.{key}: not a key of type {kind} "
+                            f"({', '.join(sorted(ROPE_SCALING_KEYS[kind]))})")
+        for key in sorted(ROPE_SCALING_REQUIRED.get(kind, set()) - set(hf)):
+            problems.append(f"{p}.attn_config.rope_hf_config.{key}: required by type {kind}")
+        if kind != "no_scaling" and not (a.rope and a.rope_impl == "hf"):
+            problems.append(f"{p}.attn_config.rope_hf_config: scaling applies only with rope: true and rope_impl: hf "
+                            "(llm-foundry ignores it otherwise); set them or remove it")
+    if arch.ffn_config.ffn_type == "mptgeglu":
+        problems.append(f"{p}.ffn_config.ffn_type: 'mptgeglu' was renamed 'mptglu' in llm-foundry (#829); use "
+                        "ffn_type: mptglu with ffn_act_fn: {name: gelu}")
+    fc = arch.fc_type if isinstance(arch.fc_type, dict) else {"name": arch.fc_type}
+    if fc.get("name") == "te":
+        problems.append(f"{p}.fc_type: te (TransformerEngine's fp8 layers) is not available here: this MPT is built "
+                        "from torch.nn.Linear; use fc_type: torch")
+    elif fc != {"name": "torch"}:
+        problems.append(f"{p}.fc_type: torch or {{name: torch}}, got {arch.fc_type!r}")
+    if arch.block_overrides is not None:
+        problems += check_block_overrides(arch.block_overrides, arch.n_layers, f"{p}.block_overrides")
+    return problems
 
 
 def _literal_problems(section: Any, prefix: str) -> list[str]:
@@ -255,12 +342,7 @@ class MPTConfig(PretrainedConfig):
     def __init__(self, **kwargs: Any):
         """Parse and validate untyped values: a config.json read by from_pretrained, or MPTConfig(d_model=...)."""
         arch_values = {k: kwargs.pop(k) for k in list(kwargs) if k in ARCH_KEYS}
-        # llm-foundry configs saved with older keys: accept and drop the ones that never change the network's
-        # outputs (fc_type picks a Linear implementation; use_pad_tok_in_ffn only skips padding in the FFN).
-        for legacy in ("fc_type", "verbose", "use_pad_tok_in_ffn"):
-            kwargs.pop(legacy, None)
-        if kwargs.pop("block_overrides", None):
-            raise ConfigError("model.block_overrides: per-block architecture overrides are not supported")
+        kwargs.pop("verbose", None)  # an older llm-foundry key that never changed the network
         self._adopt(_parse_arch(arch_values), kwargs)
 
     @classmethod
@@ -321,6 +403,22 @@ class MPTModelSettings(MPTArch):
         "start from this folder: our MPT, transformers' MPT or a Llama-style model (its config.json then defines "
         "the architecture; attn_impl, dropouts and init_device still come from here)",
     )
+    loss_fn: Literal["fused_crossentropy", "torch_crossentropy"] | None = option(
+        None, "llm-foundry's training loss choice: torch_crossentropy = the plain cross-entropy; fused_crossentropy "
+        "(llm-foundry's default, a flash-attn kernel) has no fused kernel here and computes the same plain loss, "
+        "with a notice (none = the plain loss)",
+        differs="fused_crossentropy has no fused kernel here: the plain cross-entropy (same values) is used",
+    )
+
+    activation_checkpointing_target: str | list[str] | dict[str, Any] | None = option(
+        None, "with fsdp_config.activation_checkpointing: which modules to recompute, as in llm-foundry: null = "
+        "every MPTBlock; a module name (mptblock, grouped_query_attention, mptmlp, mptglu, rmsnorm, ...) or a "
+        "mapping name -> blocks (n, [ids], 'first-n, last-k, middle-m, range-i-j')",
+    )
+
+    def check_settings(self, prefix: str = "model") -> list[str]:
+        problems = super().check_settings(prefix)
+        return problems + target_problems(self.activation_checkpointing_target, self.n_layers, prefix)
 
     def arch(self) -> MPTArch:
         """The architecture part of these settings (the recipe schema has validated it with them)."""

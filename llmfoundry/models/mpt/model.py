@@ -22,8 +22,9 @@ from llmfoundry.models.layers.attention import Attention, AttentionMask
 from llmfoundry.models.layers.ffn import build_ffn
 from llmfoundry.models.layers.init import init_module
 from llmfoundry.models.layers.norm import build_norm
-from llmfoundry.models.layers.positional import RotaryEmbedding, alibi_slopes, segment_positions
+from llmfoundry.models.layers.positional import RotaryEmbedding, alibi_slopes
 from llmfoundry.models.loss import causal_lm_loss
+from llmfoundry.models.mpt.block_overrides import layer_attn_overrides
 from llmfoundry.models.mpt.config import MPTArch, MPTConfig, resolve_attn_impl
 
 
@@ -57,8 +58,12 @@ class MPTModel(nn.Module):
             self.wpe = nn.Embedding(arch.max_seq_len, arch.d_model)
         self.emb_drop = nn.Dropout(arch.emb_pdrop)
         self.blocks = nn.ModuleList([MPTBlock(arch, i, attn_impl) for i in range(arch.n_layers)])
+        overrides = layer_attn_overrides(arch.block_overrides, arch.n_layers)
+        self.windows = [o.get("sliding_window_size", a.sliding_window_size) for o in overrides]  # per layer
         self.norm_f = build_norm(arch.norm_type, arch.d_model, arch.norm_eps, not arch.no_bias)
-        self.rotary = RotaryEmbedding(arch.head_size, a.rope_theta) if a.rope else None
+        # rope_hf_config (its scaling) applies to rope_impl: hf only, as in llm-foundry (validation refuses the rest)
+        scaling = a.rope_hf_config if a.rope_impl == "hf" else None
+        self.rotary = RotaryEmbedding(arch.head_size, a.rope_theta, scaling, arch.max_seq_len) if a.rope else None
         # ALiBi slopes are a pure function of the config: not a parameter and not saved.
         self.slopes = alibi_slopes(arch.n_heads, a.alibi_bias_max, device="cpu") if a.alibi else None
 
@@ -78,7 +83,7 @@ class MPTModel(nn.Module):
         if sequence_id is not None and past > 0:
             raise ValueError("sequence_id cannot be combined with a KV cache (it is for packed training batches)")
         if position_ids is None:
-            position_ids = _positions(B, T, past, attention_mask, sequence_id, input_ids.device)
+            position_ids = _positions(B, T, past, attention_mask, input_ids.device)
 
         x = self.wte(input_ids)  # (B, T, d_model)
         if arch.learned_pos_emb:
@@ -92,21 +97,21 @@ class MPTModel(nn.Module):
 
         dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
         q_pos = torch.arange(past, past + T, device=x.device)
-        mask = AttentionMask.build(
-            q_pos, past + T, attention_mask, sequence_id, self.slopes, a.sliding_window_size, dtype
-        )
+        masks = {  # one mask per sliding window in use (block_overrides may give layers different windows)
+            window: AttentionMask.build(q_pos, past + T, attention_mask, sequence_id, self.slopes, window, dtype)
+            for window in set(self.windows)
+        }
         rope = self.rotary(position_ids, dtype) if self.rotary is not None else None
-        for block in self.blocks:
-            x = block(x, mask, rope, cache)
+        for block, window in zip(self.blocks, self.windows):
+            x = block(x, masks[window], rope, cache)
         return self.norm_f(x)
 
 
-def _positions(B: int, T: int, past: int, attention_mask, sequence_id, device) -> torch.Tensor:
-    """(B, T) position of each new token: counted from the first real token (left padding), and restarted at
-    each packed document, so that a padded or packed sequence sees the positions it would see alone."""
-    if sequence_id is not None:  # packed training rows (no cache): a run of padding is a segment of its own
-        segment = sequence_id if attention_mask is None else sequence_id.masked_fill(attention_mask[:, -T:] == 0, -1)
-        return segment_positions(segment)
+def _positions(B: int, T: int, past: int, attention_mask, device) -> torch.Tensor:
+    """(B, T) position of each new token, as llm-foundry computes it: its index in the row, less the padding
+    before it (so left padding does not shift positions). Packed documents (sequence_id) are *not* restarted at
+    0: llm-foundry's learned position embeddings see a packed document at its offset in the row (RoPE and ALiBi
+    depend only on distances, so for them this makes no difference)."""
     if attention_mask is not None and not bool(attention_mask.all()):
         positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, S)
         return positions[:, -T:]

@@ -1,0 +1,224 @@
+"""llm-foundry run-level keys whose meaning here is a mapping, a consistency check or a one-line notice.
+
+* ``icl_tasks_str`` / ``eval_gauntlet_str``: llm-foundry's internal names of ``icl_tasks`` / ``eval_gauntlet``
+  given as a YAML file path; moved to those keys (setting both is an error, as in llm-foundry).
+* ``eval_loaders``: each entry validated as a loader section plus its ``label`` (see :class:`EvalLoaderSpec`).
+* ``device_train_microbatch_size`` as a float: accepted when it is a whole number.
+* ``device_train_batch_size``, ``device_train_grad_accum``, ``n_gpus``: values llm-foundry derives; accepted
+  when they match what this run derives, an error naming both otherwise (:func:`check_derived_batch_keys`).
+* ``save_filename`` / ``save_latest_filename``: Composer's default patterns are what our folder names and
+  ``latest`` already are; any other pattern is an error.
+* ``metadata`` with ``flatten_metadata``: how the logged config carries it (:func:`logged_config`).
+* ``save_ignore_keys`` / ``load_ignore_keys``: Composer's state key names mapped onto ours (:class:`IgnoreKeys`).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar
+
+from llmfoundry import registry
+from llmfoundry.config.validate import Component, Registered, validate
+from llmfoundry.core.errors import ConfigError
+from llmfoundry.core.notices import notice_once
+
+# Composer's defaults: what llm-foundry passes when the recipe leaves them unset.
+DEFAULT_SAVE_FILENAMES = ("ep{epoch}-ba{batch}-rank{rank}.pt",)
+DEFAULT_LATEST_FILENAMES = ("latest-rank{rank}.pt", "latest-sharded-rank{rank}")
+
+
+@dataclass
+class EvalLoaderSpec:
+    """One entry of ``eval_loaders``: its label and its validated loader section."""
+
+    label: str
+    loader: Component
+
+
+def check_microbatch_size(value: Any) -> None:
+    if value == "auto":
+        return
+    if value <= 0:
+        raise ValueError(f"must be positive or 'auto', got {value}")
+    if isinstance(value, float) and not value.is_integer():
+        raise ValueError(f"{value} is not a whole number of samples (llm-foundry's fractional microbatches serve "
+                         "sequence parallelism, which this trainer does not have; use an int)")
+
+
+def finish_recipe(cfg: Any, prefix: str) -> list[str]:
+    """Map the keys above onto the recipe's own (in place) and return the problems found."""
+    problems: list[str] = []
+    if isinstance(cfg.device_train_microbatch_size, float):
+        cfg.device_train_microbatch_size = int(cfg.device_train_microbatch_size)
+    for alias, key in (("icl_tasks_str", "icl_tasks"), ("eval_gauntlet_str", "eval_gauntlet")):
+        value = getattr(cfg, alias)
+        if value is None:
+            continue
+        if getattr(cfg, key) is not None:
+            problems.append(f"{prefix}{alias}: set only one of {key} and {alias} ({alias} is llm-foundry's name for "
+                            f"{key} given as a YAML file path)")
+        else:
+            setattr(cfg, key, value)
+            setattr(cfg, alias, None)
+    if isinstance(cfg.eval_loader, list):  # llm-foundry reads a list under eval_loader as eval_loaders
+        if cfg.eval_loaders is not None:
+            problems.append(f"{prefix}eval_loader: a list of loaders is eval_loaders, which is set too (keep one)")
+        cfg.eval_loaders, cfg.eval_loader = cfg.eval_loader, None
+    if cfg.eval_loaders is not None:
+        if cfg.eval_loader is not None:
+            problems.append(f"{prefix}eval_loaders: set only one of eval_loader and eval_loaders (as in llm-foundry)")
+        else:
+            specs = _eval_loader_specs(cfg.eval_loaders, f"{prefix}eval_loaders", problems)
+            if specs is not None:
+                cfg.eval_loaders = specs
+    if cfg.save_filename is not None and cfg.save_filename not in DEFAULT_SAVE_FILENAMES:
+        problems.append(f"{prefix}save_filename: '{cfg.save_filename}' cannot be used: checkpoints here are folders "
+                        "named ep{epoch}-ba{batch} (remove the key)")
+    if cfg.save_latest_filename is not None and cfg.save_latest_filename not in DEFAULT_LATEST_FILENAMES:
+        problems.append(f"{prefix}save_latest_filename: '{cfg.save_latest_filename}' cannot be used: save_folder/"
+                        "latest names the newest checkpoint (remove the key)")
+    for key in ("save_ignore_keys", "load_ignore_keys"):
+        for pattern in getattr(cfg, key) or []:
+            if not IgnoreKeys([pattern]).is_known():
+                problems.append(f"{prefix}{key}: '{pattern}' matches no state here (use state/model/<param glob>, "
+                                f"state/optimizers, state/schedulers, state/timestamp, state/train_dataloader or rng)")
+    if cfg.only_composer_checkpoint and not cfg.save_folder:
+        problems.append(f"{prefix}only_composer_checkpoint: needs save_folder (where the checkpoint is written)")
+    if cfg.only_hf_checkpoint and "hf_checkpointer" not in cfg.callbacks:
+        problems.append(f"{prefix}only_hf_checkpoint: needs the hf_checkpointer callback (it writes the folder)")
+    if cfg.only_hf_checkpoint and cfg.only_composer_checkpoint:
+        problems.append(f"{prefix}only_hf_checkpoint: set only one of only_hf_checkpoint and only_composer_checkpoint")
+    return problems
+
+
+def _eval_loader_specs(entries: list[dict[str, Any]], path: str, problems: list[str]) -> list[EvalLoaderSpec] | None:
+    specs, labels = [], set()
+    for i, entry in enumerate(entries):
+        where = f"{path}[{i}]"
+        label = entry.get("label")
+        if not isinstance(label, str) or not label:
+            problems.append(f"{where}.label: required (each loader of eval_loaders is logged under its label)")
+            continue
+        if label in labels:
+            problems.append(f"{where}.label: '{label}' is used twice (labels name the metrics; make them unique)")
+        labels.add(label)
+        try:
+            loader = validate({k: v for k, v in entry.items() if k != "label"},
+                              Annotated[Component, Registered(registry.dataloaders)], where)
+        except ConfigError as error:
+            problems.extend(error.problems)
+            continue
+        specs.append(EvalLoaderSpec(label, loader))
+    return specs if len(specs) == len(entries) else None
+
+
+def eval_metric_prefix(label: str | None) -> str:
+    """Composer's evaluator labels as llm-foundry sets them: 'eval' for eval_loader, 'eval/<label>' for each
+    entry of eval_loaders; metrics are logged as metrics/<evaluator label>/<metric name>."""
+    return "metrics/eval" if label is None else f"metrics/eval/{label}"
+
+
+def check_derived_batch_keys(cfg: Any, world_size: int, device_batch_size: int) -> None:
+    """device_train_batch_size, device_train_grad_accum and n_gpus as llm-foundry derives them must match ours."""
+    problems = []
+    if cfg.n_gpus is not None and cfg.n_gpus != world_size:
+        problems.append(f"n_gpus: {cfg.n_gpus} does not match the {world_size} processes of this run (remove n_gpus: "
+                        "it is the world size)")
+    if cfg.device_train_batch_size is not None and cfg.device_train_batch_size != device_batch_size:
+        problems.append(f"device_train_batch_size: {cfg.device_train_batch_size} does not match global_train_batch_size "
+                        f"{cfg.global_train_batch_size} / {world_size} processes = {device_batch_size} (remove it or "
+                        "change global_train_batch_size)")
+    if cfg.device_train_grad_accum is not None:
+        micro = cfg.device_train_microbatch_size
+        expected: int | str = "auto" if micro == "auto" else math.ceil(device_batch_size / min(micro, device_batch_size))
+        if cfg.device_train_grad_accum != expected:
+            problems.append(f"device_train_grad_accum: {cfg.device_train_grad_accum!r} does not match the {expected!r} "
+                            f"microbatches per device batch from device_train_microbatch_size {micro!r} (remove it or "
+                            "set device_train_microbatch_size)")
+    if problems:
+        raise ConfigError.many(problems)
+
+
+def log_notices(cfg: Any) -> None:
+    """One line for each llm-foundry setting that is accepted but works differently here."""
+    if not cfg.spin_dataloaders:
+        notice_once("spin_dataloaders: false changes nothing here: the train loader always resumes from the sample "
+                    "position saved in the checkpoint")
+    if cfg.fsdp_config is not None and cfg.fsdp_config.state_dict_type == "local":
+        notice_once("fsdp_config.state_dict_type: local is saved as sharded here (each rank writes its own shards; "
+                    "unlike Composer's local, they load on any number of ranks)")
+    if cfg.save_filename is not None or cfg.save_latest_filename is not None:
+        notice_once("save_filename/save_latest_filename: Composer's defaults accepted; checkpoints are folders "
+                    "save_folder/ep{epoch}-ba{batch} and save_folder/latest names the newest")
+
+
+def logged_config(plain: dict[str, Any], flatten: bool) -> dict[str, Any]:
+    """The config as loggers receive it (``plain`` has its secrets masked already): llm-foundry's flatten_metadata
+    puts metadata's keys at the top level."""
+    metadata = plain.get("metadata") or {}
+    if not flatten or not metadata:
+        return plain
+    logged = {k: v for k, v in plain.items() if k != "metadata"}
+    clashes = sorted(set(logged) & set(metadata))
+    if clashes:
+        raise ConfigError(f"metadata: keys {', '.join(clashes)} are already config keys (rename them in metadata or "
+                          "set flatten_metadata: false)")
+    logged.update(metadata)
+    return logged
+
+
+class IgnoreKeys:
+    """Composer state key patterns (``state/model/*``, ``state/optimizers/*``, ``rng``, ...) over our state.
+
+    Our checkpoint state maps onto Composer's names: model weights -> ``state/model/<name>`` (also matched as
+    ``state/model/model.<name>``, the name under Composer's model wrapper); the optimizer -> ``state/optimizers``;
+    scheduler -> ``state/schedulers``; trainer time -> ``state/timestamp``; loader position ->
+    ``state/train_dataloader`` (also ``state/dataset_state``); RNG -> ``rng``.
+    """
+
+    SECTIONS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "optimizer": ("state/optimizers", "state/optimizers/x"),
+        "scheduler": ("state/schedulers", "state/schedulers/x"),
+        "time": ("state/timestamp", "state/timestamp/x"),
+        "dataloader": ("state/train_dataloader", "state/train_dataloader/x", "state/dataset_state",
+                       "state/dataset_state/x"),
+        "rng": ("rng", "rng/x"),
+    }
+    # Composer state with no counterpart here: ignoring it changes nothing, so patterns naming it are accepted.
+    COMPOSER_ONLY: ClassVar[tuple[str, ...]] = (
+        "state/callbacks", "state/algorithms", "state/train_metrics", "state/eval_metrics", "state/scaler",
+        "state/rank_zero_seed", "state/run_name", "state/metadata", "state/integrations",
+    )
+
+    def __init__(self, patterns: list[str] | None):
+        self.patterns = list(patterns or [])
+
+    def __bool__(self) -> bool:
+        return bool(self.patterns)
+
+    def _match(self, names: tuple[str, ...]) -> bool:
+        return any(fnmatch.fnmatchcase(name, p) for p in self.patterns for name in names)
+
+    def section(self, name: str) -> bool:
+        """True when a whole section (optimizer, scheduler, time, dataloader, rng) is ignored."""
+        return self._match(self.SECTIONS[name])
+
+    def model_key(self, key: str) -> bool:
+        return self._match((f"state/model/{key}", f"state/model/model.{key}", "state/model"))
+
+    def is_known(self) -> bool:
+        """Whether the patterns can match anything of ours at all (a typo is an error, not silently nothing)."""
+        names = [n for names in self.SECTIONS.values() for n in names] + ["state/model/x", "state/model/model.x",
+                                                                           "state/model"]
+        names += list(self.COMPOSER_ONLY) + [f"{n}/x" for n in self.COMPOSER_ONLY]
+        return self._match(tuple(names)) or any(p.startswith("state/model/") for p in self.patterns)
+
+
+def eval_sections(cfg: Any) -> list[tuple[str, str, Component]]:
+    """(metric prefix, key for errors, loader section) of eval_loader, or of each entry of eval_loaders."""
+    if cfg.eval_loader is not None:
+        return [(eval_metric_prefix(None), "eval_loader", cfg.eval_loader)]
+    return [(eval_metric_prefix(spec.label), f"eval_loaders[{i}]", spec.loader)
+            for i, spec in enumerate(cfg.eval_loaders or [])]
