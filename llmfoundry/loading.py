@@ -25,6 +25,7 @@ from llmfoundry.core.errors import ConfigError
 from llmfoundry.data.tokenizers import build_tokenizer, load_saved_tokenizer
 from llmfoundry.eval.models import HF, model_settings
 from llmfoundry.models.hf import HFModelSettings, load_hf_causal_lm
+from llmfoundry.train import parallel
 from llmfoundry.train.builders import build_model
 from llmfoundry.train.builders import build_tokenizer as build_recipe_tokenizer
 from llmfoundry.train.checkpoint import load_checkpoint, read_checkpoint_config, resolve_checkpoint
@@ -43,6 +44,8 @@ def load_checkpoint_model(path: str | Path, device: str | torch.device = "cpu"):
     tokenizer_dir = path / "tokenizer"
     tokenizer = load_saved_tokenizer(tokenizer_dir) if tokenizer_dir.is_dir() else build_recipe_tokenizer(cfg)
     model = build_model(cfg, tokenizer)
+    if parallel.is_meta(model):  # trained with init_device: meta: storage for the weights the checkpoint fills in
+        model.to_empty(device="cpu")
     load_checkpoint(path, model=model, optimizer=None, weights_only=True)
     return model.to(device).eval(), tokenizer
 
@@ -112,6 +115,8 @@ def load_eval_model(spec, device: torch.device | str = "cpu", *, max_seq_len: in
             tokenizer = _eval_tokenizer(spec, key, str(own) if own.is_dir() else None, max_seq_len)
             name, settings = model_settings(spec, key)
             model = _build(name, settings, tokenizer, key)
+            if parallel.is_meta(model):  # init_device: meta: storage for the weights the checkpoint fills in
+                model.to_empty(device="cpu")
             load_checkpoint(folder, model=model, optimizer=None, weights_only=True)
     else:
         name, settings = model_settings(spec, key, pretrained_path=local)
@@ -122,6 +127,8 @@ def load_eval_model(spec, device: torch.device | str = "cpu", *, max_seq_len: in
         default = source if isinstance(source, str) and (name == HF or is_hf_folder(source)) else None
         tokenizer = _eval_tokenizer(spec, key, default, max_seq_len)
         model = _build(name, settings, tokenizer, key)
+    if parallel.is_meta(model):  # init_device: meta with no weights to load: initialise it here, on the CPU
+        parallel.materialize(model, "cpu", torch.initial_seed())
     model = getattr(model, "hf_model", model)  # call the transformers model itself (KV cache, generate)
     model = model.to(torch.bfloat16 if precision == "bf16" else torch.float32)
     return model.to(device).eval(), tokenizer

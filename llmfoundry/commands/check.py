@@ -21,8 +21,9 @@ from llmfoundry.train.recipe import TrainConfig, validate
 
 def check_recipe(path: str, overrides: list[str]) -> tuple[str, list[tuple[str, str]], list[str]]:
     """(kind of recipe, (key, note) differences from llm-foundry, validation problems) for the recipe at ``path``."""
-    plain = load_config(path, overrides)
-    is_eval = "models" in plain
+    is_eval = "models" in load_config(path, overrides)
+    schema = EvalConfig if is_eval else TrainConfig
+    plain = load_config(path, overrides, schema)
     problems: list[str] = []
     try:
         if is_eval:
@@ -32,7 +33,7 @@ def check_recipe(path: str, overrides: list[str]) -> tuple[str, list[tuple[str, 
             validate(plain, TrainConfig)
     except ConfigError as error:
         problems = error.problems
-    notes = recipe_notes(plain, EvalConfig if is_eval else TrainConfig)
+    notes = recipe_notes(plain, schema)
     return ("eval" if is_eval else "train"), notes, problems
 
 

@@ -44,7 +44,7 @@ log = logging.getLogger("llmfoundry.eval")
 
 def read_config(path: str, overrides: list[str]) -> EvalConfig:
     """The validated recipe (YAML + key=value overrides as llm-foundry reads them + interpolation, then the schema)."""
-    return load_eval_config(load_config(path, overrides))
+    return load_eval_config(load_config(path, overrides, EvalConfig))
 
 
 def build_loggers(cfg: EvalConfig, run_name: str) -> list:

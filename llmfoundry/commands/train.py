@@ -37,7 +37,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def load_train_config(recipe: str, overrides: list[str]) -> tuple[TrainConfig, dict]:
     """The validated TrainConfig and the resolved plain config it came from."""
-    plain = load_config(recipe, overrides)
+    plain = load_config(recipe, overrides, TrainConfig)
     import_code_paths(plain.get("code_paths"))  # what they register must be known to the validator
     return validate(plain, TrainConfig), plain
 

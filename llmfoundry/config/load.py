@@ -15,6 +15,8 @@ OmegaConf interpolation are resolved here, once, after the overrides.
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,8 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from llmfoundry.core.errors import ConfigError, first_line
+from llmfoundry.core.errors import ConfigError, closest, first_line
+from llmfoundry.core.notices import notice_once
 
 _FORMS = "key=value with a YAML value, +key=value, ++key=value or ~key"
 
@@ -130,8 +133,56 @@ def resolve(cfg: DictConfig, source: str = "config") -> dict[str, Any]:
         raise ConfigError(f"{source}: {where}cannot resolve interpolation: {first_line(error)}") from None
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:
-    """The recipe at ``path`` with ``overrides`` applied and every interpolation resolved."""
+def load_config(path: str | Path, overrides: list[str] | None = None, schema: type | None = None) -> dict[str, Any]:
+    """The recipe at ``path`` with ``overrides`` applied and every interpolation resolved.
+
+    ``schema``: the recipe's top-level dataclass; top-level keys it does not have are then read as llm-foundry's
+    (deprecated) top-level variables where that is what they are (see :func:`adopt_top_level_variables`)."""
     cfg = read_yaml(path)
     apply_overrides(cfg, list(overrides or []))
-    return resolve(cfg, source=str(path))
+    referenced = interpolated_names(cfg)
+    plain = resolve(cfg, source=str(path))
+    if schema is not None:
+        adopt_top_level_variables(plain, schema, referenced)
+    return plain
+
+
+_INTERPOLATION = re.compile(r"\$\{\s*([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def interpolated_names(cfg: DictConfig) -> set[str]:
+    """The first name of every ``${name...}`` interpolation in ``cfg``'s values (top-level keys they read)."""
+    names: set[str] = set()
+
+    def visit(value: Any) -> None:
+        if isinstance(value, dict):
+            for item in value.values():
+                visit(item)
+        elif isinstance(value, list):
+            for item in value:
+                visit(item)
+        elif isinstance(value, str):
+            names.update(_INTERPOLATION.findall(value))
+
+    visit(OmegaConf.to_container(cfg, resolve=False))
+    return names
+
+
+def adopt_top_level_variables(plain: dict[str, Any], schema: type, referenced: set[str]) -> list[str]:
+    """Move llm-foundry's top-level variables (``data_local: ...`` used as ``${data_local}``) under ``variables``,
+    as llm-foundry does (with a deprecation warning), and say so once; returns the moved keys.
+
+    llm-foundry moves every unknown top-level key; here only a key that an interpolation reads, or one that is not
+    close to any key of the schema, is moved: a near miss such as ``max_duraton`` stays an error with a suggestion."""
+    known = {f.name for f in dataclasses.fields(schema)}
+    moved = [key for key in list(plain) if key not in known and (key in referenced or closest(key, known) is None)]
+    if not moved:
+        return []
+    variables = plain.setdefault("variables", {})
+    if not isinstance(variables, dict):
+        return []  # the validator reports the malformed variables section
+    for key in moved:
+        variables.setdefault(key, plain.pop(key))
+    notice_once(f"{', '.join(moved)}: read as variables (llm-foundry's top-level variables are deprecated; put them "
+                "under `variables:`)")
+    return moved

@@ -9,14 +9,15 @@ the documents from attending to each other.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, BitsAndBytesConfig
 
 from llmfoundry.config.fields import option
 from llmfoundry.core.errors import ConfigError, did_you_mean, first_line
+from llmfoundry.core.notices import notice_once
 from llmfoundry.models.layers.positional import segment_positions
 from llmfoundry.models.mpt import MPTConfig, MPTForCausalLM  # importing it lets the Auto classes open our MPT
 from llmfoundry.registry import models
@@ -32,6 +33,18 @@ class HFModelSettings:
     attn_implementation: str | None = option(None, "transformers attention backend: eager, sdpa, flash_attention_2")
     peft_config: dict[str, Any] | None = option(
         None, "LoRA adapters via peft: {peft_type: LORA, r: 8, lora_alpha: 16, target_modules: [...], ...}"
+    )
+    init_device: Literal["cpu", "mixed", "meta"] = option(
+        "cpu", "where the weights are first created (llm-foundry: mixed = rank 0 reads them, the others wait on the "
+        "meta device for FSDP's sync_module_states); here every rank reads them on the CPU",
+        differs="mixed/meta: every rank reads the pretrained weights itself (host memory: one copy per rank)",
+    )
+    use_auth_token: str | bool | None = option(
+        None, "Hugging Face hub token (or true: the saved login) for gated or private hub models", secret=True
+    )
+    load_in_8bit: bool = option(False, "8-bit weights through bitsandbytes (needs a CUDA GPU and bitsandbytes)")
+    pretrained_lora_id_or_path: str | None = option(
+        None, "a trained LoRA adapter to continue", unsupported="continuing a LoRA adapter (pretrained_lora_id_or_path)"
     )
 
 
@@ -162,6 +175,17 @@ def _wrap_peft(model: nn.Module, peft_config: dict[str, Any]) -> nn.Module:
 OUR_MPT_ATTN = {"eager": "torch", "sdpa": "sdpa", "flash_attention_2": "flash"}
 
 
+def _eight_bit_config():
+    """transformers' 8-bit quantisation; bitsandbytes runs only on CUDA, so anywhere else it is a one-line error."""
+    if not torch.cuda.is_available():
+        raise ConfigError("model.load_in_8bit: needs a CUDA GPU (bitsandbytes has no CPU kernels); remove the key")
+    try:
+        import bitsandbytes  # noqa: F401  (an optional dependency)
+    except ImportError:
+        raise ConfigError("model.load_in_8bit: needs the bitsandbytes package (pip install bitsandbytes)") from None
+    return BitsAndBytesConfig(load_in_8bit=True)
+
+
 def load_hf_causal_lm(settings: HFModelSettings, tokenizer=None) -> HFCausalLM:
     attn = settings.attn_implementation
     if settings.use_flash_attention_2:
@@ -170,11 +194,19 @@ def load_hf_causal_lm(settings: HFModelSettings, tokenizer=None) -> HFCausalLM:
         attn = "flash_attention_2"
     path = settings.pretrained_model_name_or_path
     try:
-        config = AutoConfig.from_pretrained(path, trust_remote_code=settings.trust_remote_code)
+        config = AutoConfig.from_pretrained(path, trust_remote_code=settings.trust_remote_code,
+                                            token=settings.use_auth_token)
     except (OSError, ValueError) as error:
         raise ConfigError(f"model.pretrained_model_name_or_path: cannot load a model config from '{path}' ({error})") from error
     _apply_overrides(config, settings.config_overrides)
-    kwargs = {"trust_remote_code": settings.trust_remote_code}
+    kwargs: dict[str, Any] = {"trust_remote_code": settings.trust_remote_code}
+    if settings.use_auth_token is not None:
+        kwargs["token"] = settings.use_auth_token
+    if settings.init_device != "cpu":
+        notice_once(f"model.init_device: '{settings.init_device}' reads the pretrained weights on every rank here "
+                    "(llm-foundry reads them on rank 0 and broadcasts)")
+    if settings.load_in_8bit:
+        kwargs["quantization_config"] = _eight_bit_config()
     if attn is not None and config.model_type == MPTConfig.model_type:
         # Our own MPT picks its kernel with attn_config.attn_impl; transformers' switch would not reach it.
         if attn not in OUR_MPT_ATTN:

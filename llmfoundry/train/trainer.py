@@ -404,7 +404,12 @@ class Trainer:
             loss_sum += causal_lm_loss(logits, batch["labels"], reduction="sum").double()
             tokens += count_target_tokens(batch["labels"]).double()
             correct += count_correct_tokens(logits, batch["labels"]).double()
-        total = dist.all_reduce_sum(tokens).clamp(min=1)
+        total = dist.all_reduce_sum(tokens)
+        if float(total) == 0:  # a loss of 0 over nothing would be logged as a perfect model
+            where = "eval_loader" if prefix == "metrics/eval" else f"eval_loaders.{prefix.rsplit('/', 1)[-1]}"
+            raise ConfigError(f"{where}: the evaluation data gave no token to score (fewer samples than one batch of "
+                              "device_eval_batch_size, or every row dropped by drop_last or packing); add data or "
+                              "lower device_eval_batch_size")
         loss = float(dist.all_reduce_sum(loss_sum) / total)
         metrics = {f"{prefix}/LanguageCrossEntropy": loss, f"{prefix}/LanguagePerplexity": math.exp(min(loss, 700.0)),
                    f"{prefix}/TokenAccuracy": float(dist.all_reduce_sum(correct) / total)}

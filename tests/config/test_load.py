@@ -223,3 +223,21 @@ def test_a_flow_mapping_without_a_space_after_the_colon_is_an_error(recipe, over
     """YAML reads {a:1} as the key 'a:1' with no value; llm-foundry would take it so without a word."""
     with pytest.raises(ConfigError, match=r"reads as a key with no value; put a space after the colon"):
         load_config(recipe, [override])
+
+
+def test_llm_foundry_top_level_variables_are_read_as_variables_and_near_misses_stay_errors(tmp_path, caplog):
+    from llmfoundry.train.recipe import TrainConfig
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("data_local: ./c4\nglobal_seed: 5\ntokenizer_name: gpt2\nseed: ${global_seed}\n"
+                      "tokenizer: {name: '${tokenizer_name}'}\nmax_duraton: 3ba\nrun_nam: x\n")
+    with caplog.at_level("WARNING", logger="llmfoundry"):
+        plain = load_config(recipe, [], TrainConfig)
+    # read by an interpolation, or close to no key of the schema: a variable, said once
+    assert plain["variables"] == {"data_local": "./c4", "global_seed": 5, "tokenizer_name": "gpt2"}
+    assert plain["seed"] == 5 and plain["tokenizer"] == {"name": "gpt2"}
+    assert "data_local, global_seed, tokenizer_name: read as variables" in caplog.text
+    # near misses of real keys stay where the validator reports them with a suggestion
+    assert plain["max_duraton"] == "3ba" and plain["run_nam"] == "x"
+    # without a schema nothing moves
+    assert "data_local" in load_config(recipe, [])

@@ -132,3 +132,17 @@ def test_lora_trains_only_adapters_and_merges_on_export(llama_dir, tokenizer, tm
     torch.testing.assert_close(merged(x).logits, expected, atol=1e-4, rtol=1e-4)
     with pytest.raises(ConfigError, match="peft_type"):
         build(tokenizer, pretrained_model_name_or_path=str(llama_dir), peft_config={"peft_type": "IA3"})
+
+
+def test_llm_foundry_loading_keys_load_the_same_weights_and_say_what_differs(llama_dir, tokenizer, caplog):
+    reference = build(tokenizer, pretrained_model_name_or_path=str(llama_dir))
+    x = torch.randint(2, 512, (1, 8))
+    with caplog.at_level("WARNING", logger="llmfoundry"):
+        mixed = build(tokenizer, pretrained_model_name_or_path=str(llama_dir), init_device="mixed",
+                      use_auth_token="hf_secret_value")  # a local folder: the token is never needed
+    torch.testing.assert_close(mixed(x).logits, reference(x).logits)
+    assert "model.init_device: 'mixed' reads the pretrained weights on every rank" in caplog.text
+    assert "hf_secret_value" not in caplog.text
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match=r"^model.load_in_8bit: needs a CUDA GPU"):
+            build(tokenizer, pretrained_model_name_or_path=str(llama_dir), load_in_8bit=True)
