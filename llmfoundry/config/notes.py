@@ -14,7 +14,7 @@ import typing
 from typing import Annotated, Any, Union, get_args, get_origin
 
 from llmfoundry.config.fields import difference
-from llmfoundry.config.validate import Registered, RegisteredMap
+from llmfoundry.config.validate import Registered, RegisteredMap, is_default
 
 
 def recipe_notes(data: Any, cls: type, path: str = "") -> list[tuple[str, str]]:
@@ -37,17 +37,9 @@ def _walk_section(data: Any, cls: type, path: str, notes: list[tuple[str, str]])
             continue
         key = _join(path, f.name)
         note = difference(f)
-        if note and not _is_default(f, data[f.name]):  # a key written at its default behaves as by default
+        if note and not is_default(f, data[f.name]):  # a key written at its default behaves as by default
             notes.append((key, note))
         _walk_value(data[f.name], hints[f.name], key, notes)
-
-
-def _is_default(f: dataclasses.Field, value: Any) -> bool:
-    if f.default is not dataclasses.MISSING:
-        return value == f.default
-    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-        return value == f.default_factory()  # type: ignore[misc]
-    return False
 
 
 def _walk_value(value: Any, tp: Any, path: str, notes: list[tuple[str, str]]) -> None:

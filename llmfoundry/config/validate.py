@@ -232,7 +232,7 @@ def _convert_dataclass(value: Any, cls: type, path: str, problems: list[str]) ->
                 problems.append(f"{key_path}: required key is missing (expected {type_name(hints[name])})")
             continue
         reason = unsupported_reason(f)
-        if reason is not None and not _is_default(f, value[name]):
+        if reason is not None and not is_default(f, value[name]):
             problems.append(f"{key_path}: {reason} is not supported yet (remove the key or keep its default)")
             continue
         kwargs[name] = _convert(value[name], hints[name], key_path, problems)
@@ -249,7 +249,7 @@ def _convert_dataclass(value: Any, cls: type, path: str, problems: list[str]) ->
     return section
 
 
-def _is_default(f: dataclasses.Field, value: Any) -> bool:
+def is_default(f: dataclasses.Field, value: Any) -> bool:
     if f.default is not dataclasses.MISSING:
         return value == f.default
     if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
