@@ -18,6 +18,7 @@ go (local or an object store) and when is train.checkpointer's job.
 from __future__ import annotations
 
 import os
+import pickle
 import random
 import re
 import shutil
@@ -94,7 +95,11 @@ def _write_atomically(path: Path, text: str) -> None:
 
 
 def _rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Every RNG's state as tensors and plain types, so that ``torch.load(weights_only=True)`` reads it back."""
+    kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    state = {"python": random.getstate(), "torch": torch.get_rng_state(),
+             "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                       "has_gauss": int(has_gauss), "cached_gaussian": float(cached_gaussian)}}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
@@ -102,7 +107,9 @@ def _rng_state() -> dict[str, Any]:
 
 def _set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    numpy = state["numpy"]
+    np.random.set_state((numpy["kind"], numpy["keys"].numpy().astype(np.uint32), numpy["pos"], numpy["has_gauss"],
+                         numpy["cached_gaussian"]))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
@@ -196,7 +203,7 @@ def load_checkpoint(
     path = resolve_checkpoint(path)
     options = StateDictOptions(strict=strict)
     rank0_file = path / "rank0.pt"
-    rank0 = torch.load(rank0_file, weights_only=False) if rank0_file.exists() else {}
+    rank0 = _read_small_state(rank0_file) if rank0_file.exists() else {}
     with_optimizer = not weights_only and optimizer is not None and not rank0.get("weights_only", False)
     state: dict[str, Any] = {"model": get_model_state_dict(model)}
     if ignore:
@@ -221,7 +228,7 @@ def load_checkpoint(
     if with_optimizer:
         set_optimizer_state_dict(model, optimizer, state["optimizer"], options=options)
     rank_file = path / f"rank{dist.rank()}.pt"
-    per_rank = torch.load(rank_file, weights_only=False) if rank_file.exists() else rank0
+    per_rank = _read_small_state(rank_file) if rank_file.exists() else rank0
     restore_rng = per_rank.get("rng") is not None and not (ignore and ignore.section("rng"))
     if rank_file.exists() and per_rank.get("world_size") == dist.world_size() and restore_rng:
         _set_rng_state(per_rank["rng"])  # on another world size, RNG streams restart from the seed
@@ -231,6 +238,16 @@ def load_checkpoint(
         trainer = {k: v for k, v in trainer.items() if not ignore.section(k)}
         loader = None if ignore.section("dataloader") else loader
     return {"trainer": trainer, "dataloader": loader}
+
+
+def _read_small_state(path: Path) -> dict[str, Any]:
+    """A ``rank{r}.pt`` file: tensors and plain types only. A file that needs anything else to unpickle (code a
+    checkpoint from an untrusted store could run) is refused, never executed."""
+    try:
+        return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as error:
+        raise ConfigError(f"load_path: '{path}' holds more than tensors and plain values, refused unread "
+                          f"({first_line(error)})") from None
 
 
 def _load_failure(error: BaseException) -> str:
