@@ -108,8 +108,9 @@ def batch_rows(batches) -> list[tuple[int, ...]]:
     return [tuple(r) for b in batches for r in b["input_ids"].tolist()]
 
 
-def write_tiny_gpt2(folder: Path, vocab_size: int = 512, seq: int = TINY_RECIPE_SEQ, seed: int = 17) -> Path:
-    """A 2-layer GPT-2 (d 64, 4 heads, no dropout) saved as a Hugging Face folder, for ``hf_causal_lm`` recipes.
+def write_tiny_gpt2(folder: Path, vocab_size: int = 512, seq: int = TINY_RECIPE_SEQ, seed: int = 17,
+                    n_embd: int = 64, n_head: int = 4) -> Path:
+    """A 2-layer GPT-2 (d 64, 4 heads unless told, no dropout) saved as a Hugging Face folder, for ``hf_causal_lm`` recipes.
 
     The weights are drawn here from ``seed`` (normal(0, 0.02) for matrices and embeddings, zero biases, unit norm
     weights), not by transformers' initialisers, so every transformers version writes the same folder.
@@ -119,7 +120,7 @@ def write_tiny_gpt2(folder: Path, vocab_size: int = 512, seq: int = TINY_RECIPE_
 
     if (folder / "config.json").exists():
         return folder
-    config = GPT2Config(vocab_size=vocab_size, n_positions=seq, n_embd=64, n_layer=2, n_head=4,
+    config = GPT2Config(vocab_size=vocab_size, n_positions=seq, n_embd=n_embd, n_layer=2, n_head=n_head,
                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
     model = GPT2LMHeadModel(config)
     generator = torch.Generator().manual_seed(seed)
@@ -133,3 +134,38 @@ def write_tiny_gpt2(folder: Path, vocab_size: int = 512, seq: int = TINY_RECIPE_
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
     model.save_pretrained(folder)
     return folder
+
+
+def write_word_tokenizer(folder: Path, docs: list[str]) -> Path:
+    """A word-level tokenizer over the words of ``docs`` (about 100 tokens), saved as a Hugging Face folder.
+
+    Small on purpose: llm-foundry stores the tokenizer inside each checkpoint (a sharded one keeps every vocabulary
+    entry as its own record), so the Composer checkpoint fixtures stay a few hundred KB.
+    """
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    if (folder / "tokenizer.json").exists():
+        return folder
+    tokenizer = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    trainer = trainers.WordLevelTrainer(special_tokens=["<|endoftext|>", "<|pad|>", "<unk>"], show_progress=False)
+    tokenizer.train_from_iterator(docs, trainer=trainer)
+    hf_tokenizer = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>",
+                                           bos_token="<|endoftext|>", pad_token="<|pad|>", unk_token="<unk>")
+    hf_tokenizer.save_pretrained(str(folder))
+    config_file = folder / "tokenizer_config.json"  # llm-foundry's transformers 4 reads the same files
+    config = json.loads(config_file.read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config_file.write_text(json.dumps(config, indent=1))
+    return folder
+
+
+def build_composer_fixture_data(work: Path, seq: int = 64) -> tuple[Path, Path]:
+    """(MDS folder of ``seq``-token samples, tokenizer folder) that tests/fixtures/composer was trained on."""
+    corpus = make_corpus()
+    tokenizer_dir = write_word_tokenizer(work / "tokenizer", corpus)
+    mds = work / "mds"
+    if not (mds / "index.json").exists():
+        convert_text_folder(write_text_folder(work / "text", corpus[:160]), mds, tokenizer_dir, seq)
+    return mds, tokenizer_dir

@@ -105,7 +105,7 @@ def _rng_state() -> dict[str, Any]:
     return state
 
 
-def _set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     numpy = state["numpy"]
     np.random.set_state((numpy["kind"], numpy["keys"].numpy().astype(np.uint32), numpy["pos"], numpy["has_gauss"],
@@ -231,7 +231,7 @@ def load_checkpoint(
     per_rank = _read_small_state(rank_file) if rank_file.exists() else rank0
     restore_rng = per_rank.get("rng") is not None and not (ignore and ignore.section("rng"))
     if rank_file.exists() and per_rank.get("world_size") == dist.world_size() and restore_rng:
-        _set_rng_state(per_rank["rng"])  # on another world size, RNG streams restart from the seed
+        set_rng_state(per_rank["rng"])  # on another world size, RNG streams restart from the seed
     trainer = rank0["trainer"]
     loader = rank0.get("dataloader")
     if ignore:

@@ -117,14 +117,19 @@ def remote_staging(path: str, upload_cfg=None) -> Path:
 
 
 def resolve_load_path(path: str, staging: Path) -> str:
-    """A local checkpoint path for ``load_path`` (an s3:// checkpoint or save_folder is downloaded first)."""
+    """A local checkpoint path for ``load_path`` (an s3:// checkpoint or save_folder is downloaded first; so is a
+    Composer checkpoint: a ``*.pt`` file or a sharded folder)."""
     if not objectstore.is_remote(path):
         return path
     found: tuple[str, str] | str | None = None
     if dist.rank() == 0:
         try:
-            folder, name = uploads.resolve_remote(path)
-            found = (folder.url, name)
+            composer = _remote_composer_checkpoint(path.rstrip("/"))
+            if composer is not None:
+                found = composer
+            else:
+                folder, name = uploads.resolve_remote(path)
+                found = (folder.url, name)
         except ConfigError as error:
             found = str(error)
         except Exception as error:  # noqa: BLE001 - boto's errors: no such bucket, unreachable endpoint, ...
@@ -132,7 +137,32 @@ def resolve_load_path(path: str, staging: Path) -> str:
     found = dist.broadcast_object(found)
     if isinstance(found, str):
         raise ConfigError(found)
+    if found[1].endswith(".pt"):  # one Composer monolithic file
+        dest = Path(staging) / "downloads" / found[1]
+        if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            objectstore.download_file(objectstore.join(found[0], found[1]), dest)
+        dist.barrier()
+        return str(dest)
     return fetch(found[0], found[1], staging)
+
+
+def _remote_composer_checkpoint(url: str) -> tuple[str, str] | None:
+    """(folder URL, name) of a Composer checkpoint at ``url``: a ``*.pt`` object, a sharded checkpoint folder (a
+    ``.metadata`` without our ``rank0.pt``), or a save_folder with Composer's uploaded ``latest-*.symlink`` pointer
+    (whose text is the target's key in the bucket). None when ``url`` is none of these."""
+    parent, _, last = url.rpartition("/")
+    if last.endswith(".pt") and not parent.endswith(":/"):
+        return parent, last
+    folder = objectstore.ObjectFolder(url, "load_path")
+    if folder.exists(".metadata") and not folder.exists("rank0.pt") and not parent.endswith(":/"):
+        return parent, last
+    for pointer in ("latest-sharded-rank0.symlink", "latest-rank0.pt.symlink"):
+        target = folder.read_text(pointer)
+        if target:
+            target_url = f"s3://{folder.bucket}/{target.strip().lstrip('/')}"
+            return target_url.rstrip("/").rpartition("/")[::2]
+    return None
 
 
 def stage_model_path(path: str, key: str = "load_path") -> str:

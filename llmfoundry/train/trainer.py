@@ -26,7 +26,7 @@ from llmfoundry.core.timeunits import Rates, Time
 from llmfoundry.data.prep.quickstart import prepare
 from llmfoundry.data.text import check_token_ids
 from llmfoundry.models.loss import causal_lm_loss, count_correct_tokens, count_target_tokens
-from llmfoundry.train import checkpoint, checkpointer, compat, parallel
+from llmfoundry.train import checkpoint, checkpointer, compat, composer_checkpoint, parallel
 from llmfoundry.train.builders import (
     build_dataloader,
     build_model,
@@ -189,9 +189,18 @@ class Trainer:
             path = checkpointer.resolve_load_path(cfg.load_path, staging)
         if path is None:
             return
-        restored = checkpoint.load_checkpoint(path, model=self.model, optimizer=self.optimizer,
-                                              weights_only=weights_only, strict=cfg.load_strict_model_weights,
-                                              ignore=compat.IgnoreKeys(cfg.load_ignore_keys))
+        composer = composer_checkpoint.find_composer_checkpoint(path)
+        if composer is not None:  # a checkpoint written by llm-foundry (Composer)
+            restored = composer_checkpoint.load_into_training(
+                composer_checkpoint.read_composer_checkpoint(composer), model=self.model, optimizer=self.optimizer,
+                optimizer_name=cfg.optimizer.name, weights_only=weights_only, strict=cfg.load_strict_model_weights,
+                ignore=compat.IgnoreKeys(cfg.load_ignore_keys), rank=self.dist.rank, world_size=self.dist.world_size)
+            if restored.get("rng") is not None:
+                checkpoint.set_rng_state(restored["rng"])
+        else:
+            restored = checkpoint.load_checkpoint(path, model=self.model, optimizer=self.optimizer,
+                                                  weights_only=weights_only, strict=cfg.load_strict_model_weights,
+                                                  ignore=compat.IgnoreKeys(cfg.load_ignore_keys))
         trainer_state = restored.get("trainer") or {}  # load_ignore_keys may leave time or scheduler out
         if "time" in trainer_state:
             self.time = TrainTime(**trainer_state["time"])
@@ -199,7 +208,8 @@ class Trainer:
             self.scheduler.load_state_dict(trainer_state["scheduler"])
         if restored.get("dataloader") is not None:
             self.train_loader.load_state_dict(restored["dataloader"])
-        self._print(f"resumed from {checkpoint.resolve_checkpoint(path)} at batch {self.time.batch}")
+        source = composer if composer is not None else checkpoint.resolve_checkpoint(path)
+        self._print(f"resumed from {source} at batch {self.time.batch}")
 
     # ----- the loop -----
     def fit(self) -> dict[str, float]:

@@ -1,0 +1,314 @@
+"""Checkpoints written by llm-foundry (Composer), read without Composer and without running pickled code.
+
+Two layouts: a monolithic file (``ep0-ba1000-rank0.pt``: ``torch.save`` of ``{"state": {...}, "rng": [...]}``)
+and a sharded folder (``ep0-ba1000/`` with DCP's ``.metadata`` and ``__{rank}_0.distcp``, the same dict flattened).
+Composer stores its own objects as state dicts of plain values, so the monolithic file is read with
+``torch.load(weights_only=True)`` and an allow-list of the few other types it holds (``datetime.timedelta`` in
+the timestamp, NumPy's RNG array, ``TorchVersion`` in the metadata); the sharded one through train.dcp_reading.
+Anything else in the file is refused with a one-line error, never executed.
+
+What is used: ``state.model`` (names under Composer's wrapper, ``model.``), the optimizer's per-parameter state
+(``state.optimizers.<class>``), ``state.schedulers.LambdaLR``, ``state.timestamp``, ``state.dataset_state.train``
+(the streaming loader's position), the per-rank RNG, and ``state.integrations.huggingface`` (the model's
+config.json and the tokenizer files, for ``llmfoundry convert``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import pickle
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+from torch.torch_version import TorchVersion
+
+from llmfoundry.core.errors import ConfigError, first_line
+from llmfoundry.train.dcp_reading import (
+    SafeFileSystemReader,
+    SafeLoadPlanner,
+    read_metadata_file,
+    refusal_reason,
+    unwrap,
+)
+
+# Types a Composer monolithic checkpoint holds besides tensors and containers of plain values.
+_ALLOWED_GLOBALS = [datetime.timedelta, TorchVersion, np.ndarray, np.dtype, np.core.multiarray._reconstruct,
+                    type(np.dtype(np.uint32)), type(np.dtype(np.int64)), type(np.dtype(np.float64))]
+# Composer's optimizer classes whose per-parameter state is tensors only -> our optimizer of the same rule.
+OPTIMIZERS = {"DecoupledAdamW": "decoupled_adamw", "DecoupledLionW": "decoupled_lionw"}
+MONOLITHIC_SUFFIX = "-rank0.pt"
+SHARDED_POINTER = "latest-sharded-rank0"
+MONOLITHIC_POINTER = "latest-rank0.pt"
+
+
+@dataclass
+class ComposerCheckpoint:
+    """The parts of a Composer checkpoint this project uses (names as Composer wrote them, ``model.`` removed)."""
+
+    path: Path
+    model: dict[str, torch.Tensor]
+    optimizer_class: str | None = None
+    optimizer_state: dict[str, dict[str, Any]] = field(default_factory=dict)
+    param_groups: list[dict[str, Any]] = field(default_factory=list)
+    scheduler: dict[str, Any] | None = None
+    timestamp: dict[str, Any] = field(default_factory=dict)
+    dataset_state: dict[str, Any] | None = None
+    rng: list[dict[str, Any]] = field(default_factory=list)
+    hf_config: dict[str, Any] | None = None
+    tokenizer_files: dict[str, Any] = field(default_factory=dict)
+    world_size: int = 1
+
+
+def find_composer_checkpoint(path: str | Path) -> Path | None:
+    """The Composer checkpoint at ``path``: a ``*.pt`` file, a sharded checkpoint folder, or a save_folder holding
+    Composer's ``latest-rank0.pt`` / ``latest-sharded-rank0`` pointer (a symlink, or its uploaded ``.symlink`` file).
+    None when ``path`` is none of these (one of our checkpoints, for instance)."""
+    path = Path(path)
+    if path.is_file() and path.suffix == ".pt":
+        return path
+    if path.is_dir() and (path / ".metadata").is_file() and not (path / "rank0.pt").exists():
+        return path if _is_composer_metadata(path) else None
+    for pointer in (SHARDED_POINTER, MONOLITHIC_POINTER):
+        if (path / pointer).exists():
+            return (path / pointer).resolve()
+        link_file = path / f"{pointer}.symlink"
+        if link_file.is_file():
+            return path / link_file.read_text().strip()
+    return None
+
+
+def _is_composer_metadata(folder: Path) -> bool:
+    keys = read_metadata_file(folder / ".metadata").state_dict_metadata
+    return any(key.startswith("state.model.") for key in keys)
+
+
+def read_composer_checkpoint(path: str | Path, key: str = "load_path") -> ComposerCheckpoint:
+    """Everything this project uses from a Composer checkpoint (file or sharded folder), on every rank."""
+    path = Path(path)
+    raw = _read_sharded(path, key) if path.is_dir() else _read_monolithic(path, key)
+    state = raw.get("state")
+    if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
+        raise ConfigError(f"{key}: '{path}' is not a Composer checkpoint (no state.model in it)")
+    model = {name.removeprefix("model."): value for name, value in state["model"].items()
+             if isinstance(value, torch.Tensor)}
+    checkpoint = ComposerCheckpoint(path=path, model=model, rng=list(raw.get("rng") or []))
+    optimizers = state.get("optimizers") or {}
+    if optimizers:
+        name, optimizer = next(iter(optimizers.items()))
+        checkpoint.optimizer_class = name
+        checkpoint.optimizer_state = {k.removeprefix("model."): v for k, v in (optimizer.get("state") or {}).items()}
+        checkpoint.param_groups = list(optimizer.get("param_groups") or [])
+    checkpoint.scheduler = (state.get("schedulers") or {}).get("LambdaLR")
+    checkpoint.timestamp = (state.get("timestamp") or {}).get("Timestamp") or {}
+    checkpoint.dataset_state = (state.get("dataset_state") or {}).get("train")
+    huggingface = (state.get("integrations") or {}).get("huggingface") or {}
+    checkpoint.hf_config = ((huggingface.get("model") or {}).get("config") or {}).get("content")
+    checkpoint.tokenizer_files = {name: entry.get("content") for name, entry in
+                                  (huggingface.get("tokenizer") or {}).items() if isinstance(entry, dict)}
+    checkpoint.world_size = int((state.get("metadata") or {}).get("world_size") or len(checkpoint.rng) or 1)
+    return checkpoint
+
+
+def _read_monolithic(path: Path, key: str) -> dict[str, Any]:
+    try:
+        with torch.serialization.safe_globals(_ALLOWED_GLOBALS):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        raise ConfigError(f"{key}: '{path}' holds objects other than tensors and Composer's plain state, refused "
+                          f"unread ({refusal_reason(error)})") from None
+    except (RuntimeError, EOFError, OSError) as error:
+        raise ConfigError(f"{key}: '{path}' is not a readable checkpoint file ({first_line(error)})") from None
+
+
+def _read_sharded(folder: Path, key: str) -> dict[str, Any]:
+    """The nested state of a Composer sharded checkpoint, rebuilt from DCP's flat keys and their paths."""
+    metadata = read_metadata_file(folder / ".metadata")
+    paths = metadata.planner_data or {}
+    flat: dict[str, Any] = {}
+    for name, entry in metadata.state_dict_metadata.items():
+        if isinstance(entry, BytesStorageMetadata):
+            flat[name] = None  # filled in by the planner
+        else:
+            flat[name] = torch.empty(entry.size, dtype=entry.properties.dtype)
+    try:
+        with torch.serialization.safe_globals(_ALLOWED_GLOBALS):
+            dcp.load(flat, storage_reader=SafeFileSystemReader(str(folder)), planner=SafeLoadPlanner(),
+                     no_dist=True)
+    except BaseException as error:  # DCP wraps each rank's failure in a CheckpointException (a BaseException)
+        cause = unwrap(error)
+        if isinstance(cause, ConfigError):
+            raise ConfigError(f"{key}: '{folder}': {cause}") from None
+        if not isinstance(cause, Exception):
+            raise
+        raise ConfigError(f"{key}: '{folder}' could not be read as a sharded checkpoint "
+                          f"({first_line(cause)})") from None
+    nested: dict[str, Any] = {}
+    for name, value in flat.items():
+        _put(nested, paths.get(name) or tuple(name.split(".")), value)
+    return _lists(nested)
+
+
+def _put(tree: dict, path: tuple, value: Any) -> None:
+    for part in path[:-1]:
+        tree = tree.setdefault(part, {})
+    tree[path[-1]] = value
+
+
+def _lists(tree: Any) -> Any:
+    """Dicts keyed 0..n-1 by int (DCP's record of a list) back into lists."""
+    if not isinstance(tree, dict):
+        return tree
+    tree = {k: _lists(v) for k, v in tree.items()}
+    if tree and all(isinstance(k, int) for k in tree) and sorted(tree) == list(range(len(tree))):
+        return [tree[i] for i in range(len(tree))]
+    return tree
+
+
+def train_time(timestamp: dict[str, Any]) -> dict[str, int]:
+    """Composer's Timestamp as our TrainTime fields."""
+    return {name: int(timestamp.get(name, 0)) for name in ("epoch", "batch", "batch_in_epoch", "sample", "token")}
+
+
+def loader_position(checkpoint: ComposerCheckpoint) -> dict[str, Any]:
+    """The train loader's position: the streaming dataset's own state when Composer saved one, else the epoch and
+    the samples seen in it (what a map-style loader resumes from)."""
+    if isinstance(checkpoint.dataset_state, dict) and "sample_in_epoch" in checkpoint.dataset_state:
+        return dict(checkpoint.dataset_state)
+    return {"epoch": int(checkpoint.timestamp.get("epoch", 0)),
+            "sample_in_epoch": int(checkpoint.timestamp.get("sample_in_epoch", 0))}
+
+
+def rng_state(checkpoint: ComposerCheckpoint, rank: int) -> dict[str, Any] | None:
+    """This rank's RNG state in train.checkpoint's format, or None when Composer saved none for it."""
+    if rank >= len(checkpoint.rng) or not isinstance(checkpoint.rng[rank], dict):
+        return None
+    saved = checkpoint.rng[rank]
+    if not {"python", "numpy", "torch"} <= set(saved):
+        return None
+    kind, keys, pos, has_gauss, cached = saved["numpy"]
+    state = {"python": saved["python"], "torch": saved["torch"],
+             "numpy": {"kind": kind, "keys": torch.from_numpy(np.asarray(keys).astype(np.int64)), "pos": int(pos),
+                       "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}}
+    if saved.get("cuda") is not None:
+        state["cuda"] = saved["cuda"]
+    return state
+
+
+# ----- into a model and optimizer of ours (any world size, FSDP2 or not) -----
+def load_into_training(
+    checkpoint: ComposerCheckpoint,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    optimizer_name: str | None,
+    weights_only: bool = False,
+    strict: bool = True,
+    ignore: Any = None,
+    rank: int = 0,
+    world_size: int = 1,
+) -> dict[str, Any]:
+    """Restore the weights (and unless ``weights_only``, optimizer state, learning rate, RNG) of a Composer
+    checkpoint into our model and optimizer; returns ``{"trainer": {"time", "scheduler"}, "dataloader"}`` as
+    train.checkpoint.load_checkpoint does. ``ignore`` is train.compat.IgnoreKeys (Composer's own key names)."""
+    where = f"load_path: '{checkpoint.path}'"
+    ours = get_model_state_dict(model)
+    prefix = _our_prefix(ours, checkpoint.model)
+    state = {}
+    for name, value in checkpoint.model.items():
+        if ignore and ignore.model_key(name):
+            continue
+        if prefix + name in ours:
+            state[prefix + name] = _like(value, ours[prefix + name], f"{where} weight '{name}'")
+    missing = sorted(k for k in ours if k not in state and not (ignore and ignore.model_key(k[len(prefix):]))
+                     and not _is_tied_head(k, model))
+    unexpected = sorted(n for n in checkpoint.model if prefix + n not in ours and not (ignore and ignore.model_key(n)))
+    if strict and (missing or unexpected):
+        detail = (f"missing {missing[:3]}" if missing else "") + (", " if missing and unexpected else "") + (
+            f"unexpected {unexpected[:3]}" if unexpected else "")
+        raise ConfigError(f"{where} does not match this run's model ({detail}); make the model section match the "
+                          "recipe it was trained with, or set load_strict_model_weights: false")
+    set_model_state_dict(model, state, options=StateDictOptions(strict=False))
+    if weights_only:
+        return {}
+    if optimizer is not None and checkpoint.optimizer_state and not (ignore and ignore.section("optimizer")):
+        _load_optimizer(checkpoint, model, optimizer, optimizer_name, prefix, where)
+    restored: dict[str, Any] = {"trainer": {}, "dataloader": None}
+    if not (ignore and ignore.section("time")):
+        restored["trainer"]["time"] = train_time(checkpoint.timestamp)
+    if checkpoint.scheduler and not (ignore and ignore.section("scheduler")):
+        restored["trainer"]["scheduler"] = {**checkpoint.scheduler, "lr_lambdas": [None]}  # ours is code, not state
+    if not (ignore and ignore.section("dataloader")):
+        restored["dataloader"] = loader_position(checkpoint)
+    rng = rng_state(checkpoint, rank)
+    if rng is not None and world_size == checkpoint.world_size and not (ignore and ignore.section("rng")):
+        restored["rng"] = rng  # on another world size, RNG streams restart from the seed (as for our checkpoints)
+    return restored
+
+
+def _our_prefix(ours: dict[str, Any], theirs: dict[str, Any]) -> str:
+    """What our model puts before Composer's names: nothing for MPT, ``hf_model.`` for hf_causal_lm."""
+    for prefix in ("", "hf_model."):
+        if any(prefix + name in ours for name in theirs):
+            return prefix
+    return ""
+
+
+def _is_tied_head(name: str, model: torch.nn.Module) -> bool:
+    """An output head tied to the embedding is not saved on its own by Composer's HF wrapper."""
+    config = getattr(model, "config", None)
+    return name.endswith("lm_head.weight") and bool(getattr(config, "tie_word_embeddings", False))
+
+
+def _like(value: torch.Tensor, current: Any, what: str) -> Any:
+    """``value`` (a full tensor) in the dtype and layout of ``current`` (a DTensor shard under FSDP2)."""
+    if tuple(value.shape) != tuple(current.shape):
+        raise ConfigError(f"{what} has shape {tuple(value.shape)}, this run's model {tuple(current.shape)}; make "
+                          "the model section match the recipe it was trained with")
+    value = value.to(dtype=current.dtype)
+    if isinstance(current, DTensor):
+        return distribute_tensor(value.to(current.device), current.device_mesh, current.placements)
+    return value.to(current.device)
+
+
+def _load_optimizer(checkpoint: ComposerCheckpoint, model, optimizer, optimizer_name, prefix: str, where: str):
+    """Composer's per-parameter optimizer state and learning rates into our optimizer; our param groups keep their
+    own hyperparameters (the recipe's), as Composer rebuilds them from the recipe too."""
+    expected = OPTIMIZERS.get(checkpoint.optimizer_class or "")
+    if expected is None:
+        raise ConfigError(f"{where} holds {checkpoint.optimizer_class} optimizer state, which this project cannot "
+                          f"read (readable: {', '.join(OPTIMIZERS)}); set load_weights_only: true to start the "
+                          "optimizer afresh")
+    if optimizer_name != expected:
+        raise ConfigError(f"{where} was trained with optimizer {expected}, this run uses {optimizer_name}; use the "
+                          "same optimizer.name, or set load_weights_only: true")
+    ours = get_optimizer_state_dict(model, optimizer)
+    if len(ours["param_groups"]) != len(checkpoint.param_groups):
+        raise ConfigError(f"{where} has {len(checkpoint.param_groups)} optimizer param groups, this run "
+                          f"{len(ours['param_groups'])}; set load_weights_only: true")
+    params = dict(get_model_state_dict(model))
+    state = {}
+    for group in ours["param_groups"]:
+        for name in group["params"]:
+            saved = checkpoint.optimizer_state.get(name[len(prefix):])
+            if saved is None:
+                continue
+            state[name] = {k: (v.to(torch.float32) if k == "step" else _like(v, params[name], f"{where} optimizer "
+                                                                              f"state '{name}.{k}'"))
+                           if isinstance(v, torch.Tensor) else v for k, v in saved.items()}
+    set_optimizer_state_dict(model, optimizer, {"state": state, "param_groups": ours["param_groups"]},
+                             options=StateDictOptions(strict=False))
+    for group, saved in zip(optimizer.param_groups, checkpoint.param_groups):
+        group["lr"] = float(saved["lr"])  # the learning rate of the next step, as Composer's scheduler left it

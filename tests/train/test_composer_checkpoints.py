@@ -1,0 +1,131 @@
+"""Checkpoints written by the real llm-foundry (Composer) continue here: tests/fixtures/composer holds a monolithic
+and a sharded checkpoint of mpt_causal_lm and a monolithic one of hf_causal_lm, each saved after batch 2 of a
+4-batch run, with that run's per-batch loss and learning rate (tests/fixtures/composer/make_fixtures.py says how
+they were made). A run here resumed from batch 2 must load the weights bit for bit and train batches 3 and 4 with
+llm-foundry's learning rates and losses.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+from llmfoundry.core.errors import ConfigError
+from llmfoundry.train.composer_checkpoint import find_composer_checkpoint, read_composer_checkpoint
+from tests.helpers import build_composer_fixture_data, make_trainer, write_tiny_gpt2
+from tests.train.test_lf_parity import Recorder
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "composer"
+CHECKPOINTS = {"mpt_monolithic": "mpt_monolithic/ep0-ba2-rank0.pt", "mpt_sharded": "mpt_sharded/ep0-ba2",
+               "gpt2_monolithic": "gpt2_monolithic/ep0-ba2-rank0.pt"}
+
+
+@pytest.fixture(scope="module")
+def fixture_data(tmp_path_factory):
+    work = tmp_path_factory.mktemp("composer_data")
+    mds, tokenizer = build_composer_fixture_data(work)
+    hf_model = write_tiny_gpt2(work / "hf_model", vocab_size=128, n_embd=16, n_head=2)
+    return {"data": mds, "tokenizer": tokenizer, "hf_model": hf_model}
+
+
+def resumed_recipe(name: str, paths: dict, tmp_path: Path, **changes) -> dict:
+    """The fixture's own recipe (llm-foundry's keys) with load_path at its batch-2 checkpoint."""
+    reference = json.loads((FIXTURES / f"{name}.json").read_text())
+    text = json.dumps(reference["recipe"])
+    for key, value in {**paths, "save_folder": tmp_path / "save"}.items():
+        text = text.replace("{" + key + "}", str(value))
+    recipe = json.loads(text)
+    recipe.pop("fsdp_config", None)  # the sharded fixture was written by 2 ranks; it resumes here on one
+    recipe.update(load_path=str(FIXTURES / CHECKPOINTS[name]), save_folder=None, **changes)
+    return recipe
+
+
+@pytest.mark.parametrize("name", sorted(CHECKPOINTS))
+def test_resumed_run_continues_as_llm_foundry_did(name, fixture_data, tmp_path):
+    reference = json.loads((FIXTURES / f"{name}.json").read_text())
+    trainer = make_trainer(resumed_recipe(name, fixture_data, tmp_path))
+    trainer._resume()
+    saved = read_composer_checkpoint(FIXTURES / CHECKPOINTS[name])
+    ours = get_model_state_dict(trainer.model)
+    prefix = "hf_model." if name.startswith("gpt2") else ""
+    for key, value in saved.model.items():
+        assert torch.equal(ours[prefix + key], value), f"weight {key} differs after loading"
+    assert trainer.time.batch == 2 and trainer.time.sample == 16 and trainer.time.token == 16 * 64
+
+    recorder = Recorder()
+    trainer = make_trainer(resumed_recipe(name, fixture_data, tmp_path))
+    trainer.callbacks.append(recorder)
+    trainer.fit()
+    assert len(recorder.batches) == 2, "batches 3 and 4 are trained, no more"
+    for i, (ours, theirs) in enumerate(zip(recorder.batches, reference["batches"][2:]), start=3):
+        assert ours["lr"] == pytest.approx(theirs["lr"], rel=1e-12, abs=1e-15), f"lr of batch {i}"
+        assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-5), f"loss of batch {i}"
+
+
+def test_weights_only_load_starts_time_and_optimizer_afresh(fixture_data, tmp_path):
+    trainer = make_trainer(resumed_recipe("mpt_monolithic", fixture_data, tmp_path, load_weights_only=True))
+    trainer._resume()
+    assert trainer.time.batch == 0
+    assert not trainer.optimizer.state  # nothing restored: the optimizer starts afresh
+
+
+def test_a_different_optimizer_is_a_one_line_error(fixture_data, tmp_path):
+    recipe = resumed_recipe("mpt_monolithic", fixture_data, tmp_path)
+    recipe["optimizer"] = {"name": "decoupled_lionw", "lr": 1.0e-3}
+    with pytest.raises(ConfigError, match="trained with optimizer decoupled_adamw, this run uses decoupled_lionw"):
+        make_trainer(recipe)._resume()
+
+
+def test_a_different_model_is_a_one_line_error_unless_not_strict(fixture_data, tmp_path):
+    recipe = resumed_recipe("mpt_monolithic", fixture_data, tmp_path)
+    recipe["model"] = {**recipe["model"], "n_layers": 3}
+    with pytest.raises(ConfigError, match=r"does not match this run's model \(missing \['transformer.blocks.2"):
+        make_trainer(recipe)._resume()
+    recipe.update(load_strict_model_weights=False, load_weights_only=True)
+    trainer = make_trainer(recipe)
+    trainer._resume()  # the two layers that match are loaded
+    saved = read_composer_checkpoint(FIXTURES / CHECKPOINTS["mpt_monolithic"])
+    block = "transformer.blocks.1.attn.Wqkv.weight"
+    assert torch.equal(get_model_state_dict(trainer.model)[block], saved.model[block])
+
+
+def test_load_ignore_keys_leave_composer_state_out(fixture_data, tmp_path):
+    recipe = resumed_recipe("mpt_monolithic", fixture_data, tmp_path,
+                            load_ignore_keys=["state/optimizers", "state/timestamp", "state/model/*wte*"])
+    trainer = make_trainer(recipe)
+    before = get_model_state_dict(trainer.model)["transformer.wte.weight"].clone()
+    trainer._resume()
+    assert trainer.time.batch == 0 and not trainer.optimizer.state
+    assert torch.equal(get_model_state_dict(trainer.model)["transformer.wte.weight"], before)
+
+
+def test_a_save_folder_with_composer_pointers_resumes_from_the_newest(tmp_path):
+    folder = tmp_path / "checkpoints"
+    shutil.copytree(FIXTURES / "mpt_sharded", folder)
+    (folder / "latest-sharded-rank0").symlink_to("ep0-ba2")
+    assert find_composer_checkpoint(folder) == (folder / "ep0-ba2").resolve()
+    assert find_composer_checkpoint(FIXTURES / "mpt_sharded" / "ep0-ba2") is not None
+
+
+def test_a_checkpoint_that_needs_code_to_unpickle_is_refused_unread(tmp_path):
+    class Payload:  # what an untrusted file could hold: unpickling it would call this class
+        def __reduce__(self):
+            return (print, ("this must never run",))
+
+    bad = tmp_path / "ep0-ba2-rank0.pt"
+    torch.save({"state": {"model": {"model.w": torch.zeros(1)}, "evil": Payload()}, "rng": []}, bad)
+    with pytest.raises(ConfigError, match="refused unread .*print"):
+        read_composer_checkpoint(bad)
+
+
+def test_sharded_metadata_with_foreign_types_is_refused_unread(tmp_path):
+    folder = tmp_path / "ep0-ba2"
+    shutil.copytree(FIXTURES / "mpt_sharded" / "ep0-ba2", folder)
+    (folder / ".metadata").write_bytes(b"cos\nsystem\n(S'echo this must never run'\ntR.")  # os.system(...)
+    with pytest.raises(ConfigError, match="refused unread"):
+        read_composer_checkpoint(folder)
