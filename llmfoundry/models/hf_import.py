@@ -1,9 +1,11 @@
 """Import transformers models into our MPT: the way back from llmfoundry.models.hf_export's export.
 
 A folder holding our own MPT (``model_type: llmfoundry_mpt``) opens with ``MPTForCausalLM.from_pretrained``;
-transformers' ``MptForCausalLM``, ``LlamaForCausalLM`` and ``GPT2LMHeadModel`` are read with transformers and
-their weights mapped onto the MPT architecture that computes the same function. An option of the source that
-our MPT cannot reproduce is a ConfigError, never a silently different model.
+llm-foundry's own MPT exports (``model_type: mpt`` with llm-foundry's MPTConfig) are read as JSON and tensors by
+llmfoundry.models.llm_foundry_mpt, never with their Python files; transformers' ``MptForCausalLM``,
+``LlamaForCausalLM`` and ``GPT2LMHeadModel`` are read with transformers and their weights mapped onto the MPT
+architecture that computes the same function. An option of the source that our MPT cannot reproduce is a
+ConfigError, never a silently different model.
 """
 
 from __future__ import annotations
@@ -16,9 +18,15 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM
 
-from llmfoundry.core.errors import ConfigError
+from llmfoundry.core.errors import ConfigError, first_line
 from llmfoundry.models.hf_export import GPT2_BLOCK_LAYERS
 from llmfoundry.models.layers.positional import ROPE_SCALING_KEYS
+from llmfoundry.models.llm_foundry_mpt import (
+    arch_from_llm_foundry,
+    is_llm_foundry_mpt,
+    read_weights,
+    state_from_llm_foundry,
+)
 from llmfoundry.models.mpt.config import MPTArch, MPTConfig, from_dict
 from llmfoundry.models.mpt.model import MPTForCausalLM
 
@@ -68,9 +76,9 @@ def _mpt_values(config) -> dict[str, Any]:
         get = (lambda k, d=None: a.get(k, d)) if isinstance(a, dict) else (lambda k, d=None: getattr(a, k, d))
         lost = _mpt_options_transformers_drops(config, get)
         if lost:
-            raise ConfigError(f"model: this MPT config.json sets {', '.join(lost)}, which transformers' "
-                              "MptForCausalLM (used to read its weights) does not implement, so the import would "
-                              "change the model; convert from the llm-foundry checkpoint it came from instead")
+            raise ConfigError(f"model: this MPT config sets {', '.join(lost)}, which transformers' MptForCausalLM "
+                              "does not implement, so the import would change the model; load the llm-foundry "
+                              "folder itself (load_as_mpt reads its config.json and weights)")
         return dict(
             d_model=config.d_model, n_heads=config.n_heads, n_layers=config.n_layers, expansion_ratio=4,
             max_seq_len=config.max_seq_len, vocab_size=config.vocab_size, norm_eps=config.layer_norm_epsilon,
@@ -132,11 +140,21 @@ def from_transformers(hf_model: nn.Module, **arch_overrides: Any) -> MPTForCausa
         ours = {k: v for k, v in state.items() if not (k == "lm_head.weight" and arch.tie_word_embeddings)}
     else:
         ours = (_state_from_gpt2 if kind == "gpt2" else _state_from_llama)(arch, state)
-    with torch.device("meta"):
+    return _model_with_state(arch, ours)
+
+
+def _model_with_state(arch: MPTArch, state: dict[str, torch.Tensor], source: str = "model") -> MPTForCausalLM:
+    """Our MPT of ``arch`` holding exactly the tensors of ``state`` (in their dtype), in eval mode."""
+    with torch.device("meta"):  # no initialisation: every parameter is loaded right away
         model = MPTForCausalLM.from_arch(arch)
     model.to_empty(device="cpu")
-    model.to(next(iter(ours.values())).dtype)
-    model.load_state_dict(ours, strict=True)
+    model.to(next(iter(state.values())).dtype)
+    expected = set(model.state_dict())
+    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+    if missing or unexpected:
+        raise ConfigError(f"{source}: the weights do not match the architecture its config describes (missing: "
+                          f"{', '.join(missing[:3]) or 'none'}; unexpected: {', '.join(unexpected[:3]) or 'none'})")
+    model.load_state_dict(state, strict=True)
     return model.eval()
 
 
@@ -184,11 +202,20 @@ def _read_config(path: Path) -> dict:
     config_file = path / "config.json"
     if not config_file.is_file():
         raise ConfigError(f"{path}: no config.json (not a Hugging Face model folder)")
-    return json.loads(config_file.read_text())
+    try:
+        return json.loads(config_file.read_text())
+    except ValueError as error:
+        raise ConfigError(f"{config_file}: not valid JSON ({first_line(error)})") from None
+
+
+def is_llm_foundry_mpt_folder(path: str | Path) -> bool:
+    """Whether ``path`` holds llm-foundry's own MPT export, which only load_as_mpt reads (transformers'
+    MptForCausalLM cannot, and its Python files are never run)."""
+    return (Path(path) / "config.json").is_file() and is_llm_foundry_mpt(_read_config(Path(path)))
 
 
 def load_as_mpt(path: str | Path, overrides: dict | None = None, attn_overrides: dict | None = None) -> MPTForCausalLM:
-    """Our MPT from a folder holding our MPT or transformers' MPT, Llama or GPT-2.
+    """Our MPT from a folder holding our MPT, llm-foundry's MPT, or transformers' MPT, Llama or GPT-2.
 
     ``overrides`` / ``attn_overrides`` replace run-time options (attn_impl, dropouts, init_device) of the stored
     architecture.
@@ -203,6 +230,11 @@ def load_as_mpt(path: str | Path, overrides: dict | None = None, attn_overrides:
         if values.get("init_device") == "meta":
             values["init_device"] = "cpu"  # from_pretrained materialises the weights anyway
         return MPTForCausalLM.from_pretrained(path, config=MPTConfig(**values))
+    overrides.pop("init_device", None)  # the weights are loaded into a CPU model right away
+    if is_llm_foundry_mpt(values):
+        # llm-foundry's MPTConfig may describe RoPE, GQA, GLU, ... that transformers' MptConfig cannot hold
+        arch = arch_from_llm_foundry(values, str(path / "config.json"), **overrides, init_device="cpu",
+                                     attn_config=attn_overrides)
+        return _model_with_state(arch, state_from_llm_foundry(arch, read_weights(path)), str(path))
     hf_model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=False)
-    overrides.pop("init_device", None)
     return from_transformers(hf_model, **overrides, attn_config=attn_overrides)
