@@ -8,7 +8,7 @@ preparation (data.prep), ICL task files (eval.icl.data) and model folders (loadi
 * :func:`client`: a boto3 S3 client with connect/read timeouts; the endpoint comes from ``S3_ENDPOINT_URL`` (or
   ``AWS_ENDPOINT_URL_S3``), credentials from boto3's usual chain;
 * :class:`Retry` (exponential backoff until a deadline) for callers that must survive an outage;
-* :class:`ObjectFolder` (exists, read, list, download or delete under a prefix) and whole-file helpers for
+* :class:`ObjectFolder` (probe, exists, read, list, download or delete under a prefix) and whole-file helpers for
   local-or-remote paths;
 * :func:`staging_root`: the local folder where files for a URL are staged;
 * :func:`explain`: one error explainer that turns boto's errors into a one-line ConfigError naming the key.
@@ -188,6 +188,12 @@ class ObjectFolder:
     def read_text(self, *parts: str) -> str | None:
         data = self.read_bytes(*parts)
         return None if data is None else data.decode()
+
+    def probe(self) -> None:
+        """One cheap request (a one-key listing under the prefix) that fails as writing would: no such bucket, no
+        access, no endpoint. For checks up front, before slow work whose result would have nowhere to go."""
+        prefix = self.key()
+        self.s3.list_objects_v2(Bucket=self.bucket, Prefix=prefix + "/" if prefix else "", MaxKeys=1)
 
     def list_keys(self, *parts: str) -> list[str]:
         """Full keys of every object under ``prefix/parts/``."""

@@ -13,6 +13,8 @@ rank 0 also the metadata, config and tokenizer). A failed request is retried wit
 upload's deadline, so training continues while the store is unreachable. A checkpoint without ``.complete`` is
 never loaded and never named by ``latest``. The per-rank markers sit under an id of the save attempt, so the
 markers a killed run left behind cannot make a later save of the same checkpoint name look finished early.
+Hugging Face exports (hf_checkpointer, ``llmfoundry convert``) are written by one process and use
+:func:`publish_folder`: the same ``.complete`` marker, uploaded last, without per-rank markers or ``latest``.
 The store itself (client, retries, listing) is llmfoundry.core.objectstore.
 """
 
@@ -206,6 +208,39 @@ class Uploader:
             for old in retry.call(self.folder.complete_checkpoints)[:-job.keep]:
                 retry.call(lambda old=old: self.folder.delete_checkpoint(old))
         shutil.rmtree(job.staged, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------------------------- whole folders
+def publish_folder(staged: Path, url: str, retry: objectstore.Retry, *, last: tuple[str, ...] = ()) -> list[str]:
+    """Upload the local folder ``staged`` to ``url`` (an s3:// prefix) from one process, so that no reader takes
+    a partial copy for a complete one: the :data:`COMPLETE` marker goes up last, and the relative paths in
+    ``last`` (e.g. a Hugging Face folder's ``config.json``, by which loaders recognise one) just before it. An
+    earlier copy under ``url`` is replaced: its marker and ``last`` files are deleted first, its other stale files
+    once the new ones are up. Used for Hugging Face exports (hf_checkpointer, ``llmfoundry convert``); returns the
+    relative paths uploaded."""
+    folder = objectstore.ObjectFolder(url, max_attempts=1)
+    s3, bucket = folder.s3, folder.bucket
+
+    def delete(key: str) -> None:
+        retry.call(lambda: s3.delete_object(Bucket=bucket, Key=key))
+
+    def upload(rel: str) -> None:
+        retry.call(lambda: s3.upload_file(str(staged / rel), bucket, folder.key(rel)))
+
+    files = sorted(p.relative_to(staged).as_posix() for p in staged.rglob("*") if p.is_file())
+    finishing = [rel for rel in last if rel in files]
+    old = set(retry.call(folder.list_keys))
+    for key in sorted(old & {folder.key(rel) for rel in (COMPLETE, *last)}):  # the old copy stops looking complete
+        delete(key)
+    for rel in files:
+        if rel not in finishing:
+            upload(rel)
+    for key in sorted(old - {folder.key(rel) for rel in (COMPLETE, *last, *files)}):  # stale files of the old copy
+        delete(key)
+    for rel in finishing:
+        upload(rel)
+    retry.call(lambda: s3.put_object(Bucket=bucket, Key=folder.key(COMPLETE), Body=b""))
+    return files
 
 
 def describe(uploader: Uploader | None) -> dict[str, Any]:

@@ -229,7 +229,7 @@ def test_only_hf_checkpoint_exports_through_the_hf_checkpointer(recipe, tmp_path
     r["model"] = {**r["model"], "expansion_ratio": 4, "no_bias": True}  # what transformers' MPT can hold
     trainer = make_trainer(r)
     trainer.fit()
-    assert trainer.time.batch == 0 and (tmp_path / "hf" / "ba0" / "config.json").exists()
+    assert trainer.time.batch == 0 and (tmp_path / "hf" / "huggingface" / "ba0" / "config.json").exists()
     with pytest.raises(ConfigError, match="only_hf_checkpoint: needs the hf_checkpointer callback"):
         validate(recipe(only_hf_checkpoint=True), TrainConfig)
 

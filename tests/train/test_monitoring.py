@@ -101,8 +101,10 @@ def test_hf_checkpointer_exports_loadable_transformers_folders(recipe, tmp_path)
     trainer = make_trainer(recipe(eval_loader=None, max_duration="3ba", model=model, callbacks={
         "hf_checkpointer": {"save_folder": str(out), "save_interval": "2ba", "precision": "fp32"}}))
     trainer.fit()
-    assert sorted(p.name for p in out.iterdir()) == ["ba2", "ba3"]
-    hf = AutoModelForCausalLM.from_pretrained(str(out / "ba3"))
+    # llm-foundry's layout: save_folder/huggingface/ba{batch}, and nothing half-written left beside them
+    assert [p.name for p in out.iterdir()] == ["huggingface"]
+    assert sorted(p.name for p in (out / "huggingface").iterdir()) == ["ba2", "ba3"]
+    hf = AutoModelForCausalLM.from_pretrained(str(out / "huggingface" / "ba3"))
     ids = torch.tensor([[1, 5, 9, 13]])
     ours = trainer.model.eval()(ids).logits
     torch.testing.assert_close(hf(ids).logits, ours, rtol=1e-4, atol=1e-4)

@@ -61,8 +61,12 @@ def test_problems_of_different_sections_are_reported_together(recipe, tmp_path, 
     ({"eval_gauntlet": {"categories": []}}, "eval_gauntlet: needs icl_tasks"),
     ({"save_folder": "gs://bucket/run"}, "save_folder: 'gs://bucket/run': gs:// object stores are not supported"),
     ({"load_path": "s3:///run"}, "load_path: 's3:///run' has no bucket"),
-    ({"callbacks": {"hf_checkpointer": {"save_folder": "s3://bucket/hf"}}},
-     "callbacks.hf_checkpointer.save_folder: only local folders are supported yet"),
+    ({"callbacks": {"hf_checkpointer": {"save_folder": "gs://bucket/hf"}}},
+     "callbacks.hf_checkpointer.save_folder: 'gs://bucket/hf': gs:// object stores are not supported"),
+    ({"callbacks": {"hf_checkpointer": {"save_folder": "hf", "huggingface_folder_name": "step{step}"}}},
+     "callbacks.hf_checkpointer.huggingface_folder_name: '{step}' in 'step{step}' is not known"),
+    ({"callbacks": {"hf_checkpointer": {"save_folder": "hf", "mlflow_registered_model_name": "m"}}},
+     "callbacks.hf_checkpointer.mlflow_registered_model_name: "),
     ({"callbacks": {"hf_checkpointer": {"save_folder": "hf", "save_interval": "often"}}},
      "callbacks.hf_checkpointer.save_interval: 'often' is not a time"),
     ({"scheduler": {"name": "cosine_with_warmup", "t_warmup": "100"}}, "scheduler.t_warmup: '100' is not a time"),
@@ -70,6 +74,14 @@ def test_problems_of_different_sections_are_reported_together(recipe, tmp_path, 
 def test_settings_that_cannot_work_are_refused_by_validation(recipe, overrides, problem):
     (found,) = problems_of(recipe(**overrides))
     assert found.startswith(problem), found
+
+
+def test_hf_checkpointer_accepts_llm_foundrys_keys(recipe):
+    hf = {"save_folder": "s3://bucket/{run_name}", "save_interval": "1dur", "precision": "bfloat16",
+          "huggingface_folder_name": "{run_name}/ep{epoch}-ba{batch}", "overwrite": True,
+          "final_register_only": False, "register_wait_seconds": 60, "flatten_imports": ["llmfoundry"]}
+    cfg = validate(recipe(callbacks={"hf_checkpointer": hf}), TrainConfig)
+    assert cfg.callbacks["hf_checkpointer"].huggingface_folder_name == "{run_name}/ep{epoch}-ba{batch}"
 
 
 @pytest.mark.parametrize("setting", ["eval_loader.dataset.split=test", "eval_loader.dataset.local=/nonexistent/mds"])

@@ -1,7 +1,19 @@
-"""hf_checkpointer: every ``save_interval``, export the model as a Hugging Face folder (transformers-native classes).
+"""hf_checkpointer: every ``save_interval`` (and at the end of training), export the model as a Hugging Face folder
+that transformers loads with its own classes (no ``trust_remote_code``).
+
+Layout, as llm-foundry's HuggingFaceCheckpointer writes it::
+
+    {save_folder}/huggingface/{huggingface_folder_name}/    default name ba{batch}: .../huggingface/ba4/
+        config.json  generation_config.json  model.safetensors  tokenizer files
+        .complete                                           s3:// only: uploaded last
 
 The weights are gathered from every rank (FSDP shards included) into a fresh copy of the model on rank 0, which
-``llmfoundry.models.hf_export.export_hf`` writes to ``save_folder/ba{batch}`` (and at the end of training).
+``llmfoundry.models.hf_export.export_hf`` writes. A reader never sees a half-written export under its final name:
+a local export is written to a hidden sibling folder and renamed; an ``s3://`` export is written to the local
+staging folder (``checkpoint_upload.staging_folder``, or one under the system temp dir) and uploaded by a
+background thread with ``checkpoint_upload``'s retries, ``config.json`` (what loaders recognise a model folder
+by) and the ``.complete`` marker last (``llmfoundry.train.uploads.publish_folder``). Training waits for pending
+uploads at its end, for at most ``checkpoint_upload.wait_at_end_s``.
 """
 
 from __future__ import annotations
@@ -9,9 +21,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import shutil
+import string
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -19,73 +34,215 @@ from llmfoundry.config.checks import TimeString
 from llmfoundry.config.fields import option
 from llmfoundry.core import dist, objectstore
 from llmfoundry.core.errors import ConfigError
+from llmfoundry.core.notices import notice_once
 from llmfoundry.models.hf_export import export_hf
 from llmfoundry.registry import callbacks
+from llmfoundry.train import uploads
 from llmfoundry.train.builders import build_model
 from llmfoundry.train.callbacks.base import Callback
+from llmfoundry.train.errors import TrainingStopped
 
 log = logging.getLogger(__name__)
+KEY = "callbacks.hf_checkpointer"
+SUBFOLDER = "huggingface"  # llm-foundry's: exports sit under save_folder/huggingface/
+# the names huggingface_folder_name may use: Composer's format_name_with_dist_and_time names this trainer tracks
+FOLDER_NAME_FIELDS = ("run_name", "rank", "world_size", "epoch", "batch", "batch_in_epoch", "sample", "token")
 
 
 @dataclass
 class HFCheckpointerSettings:
-    save_folder: str = option(doc="local folder for the exported models (one sub-folder per export: ba{batch})")
+    save_folder: str = option(doc="where the exports go, a local folder or s3://bucket/prefix; each one is "
+                                  "save_folder/huggingface/{huggingface_folder_name}")
     save_interval: TimeString = option("1dur", "how often to export, e.g. 1000ba (and always at the end of training)")
-    precision: Literal["fp32", "bf16", "fp16", "float32", "bfloat16", "float16"] = option(
-        "bf16", "dtype of the exported weights"
+    huggingface_folder_name: str = option(
+        "ba{batch}", "name of each export under save_folder/huggingface/; may use " +
+        ", ".join("{" + name + "}" for name in FOLDER_NAME_FIELDS)
     )
-    overwrite: bool = option(False, "replace an export folder that already exists")
+    precision: Literal["fp32", "bf16", "fp16", "float32", "bfloat16", "float16"] = option(
+        "float32", "dtype of the exported weights"
+    )
+    overwrite: bool = option(True, "replace an export of the same name (false: an existing one is an error)")
+    mlflow_registered_model_name: str | None = option(
+        None, "register the final model in MLflow's model registry under this name",
+        unsupported="registering models in MLflow (mlflow_registered_model_name)"
+    )
+    mlflow_logging_config: dict[str, Any] | None = option(
+        None, "arguments of MLflow's save_model when registering",
+        unsupported="registering models in MLflow (mlflow_logging_config)"
+    )
+    final_register_only: bool = option(
+        False, "only register the final model in MLflow, without exporting it; without "
+        "mlflow_registered_model_name it falls back to exporting, with a warning (as in llm-foundry)"
+    )
+    register_wait_seconds: int = option(7200, "how long to wait for MLflow registration at the end (used only "
+                                              "when registering)")
+    flatten_imports: list[str] = option(
+        ["llmfoundry"], "import prefixes flattened in the custom MPT code files llm-foundry writes",
+        differs="no effect: exports use transformers' own classes and contain no custom code to flatten"
+    )
 
     def check_settings(self, path: str) -> list[str]:
+        problems = []
         if objectstore.is_remote(self.save_folder):
-            return [f"{path}.save_folder: only local folders are supported yet (export locally, then copy)"]
-        return []
+            try:
+                objectstore.check_url(self.save_folder, f"{path}.save_folder")
+            except ConfigError as error:
+                problems.append(str(error))
+        try:
+            names = [field for _, field, _, _ in string.Formatter().parse(self.huggingface_folder_name) if field]
+        except ValueError as error:
+            names = [f"unbalanced braces: {error}"]
+        for name in names:
+            if name not in FOLDER_NAME_FIELDS:
+                problems.append(f"{path}.huggingface_folder_name: '{{{name}}}' in '{self.huggingface_folder_name}' "
+                                f"is not known (use {', '.join('{' + n + '}' for n in FOLDER_NAME_FIELDS)})")
+        return problems
 
 
 class HFCheckpointer(Callback):
     def __init__(self, settings: HFCheckpointerSettings):
         self.s = settings
+        self.remote = objectstore.is_remote(settings.save_folder)
         self.every = None
         self.last = -1
-        self.exported: list[Path] = []
+        self.exported: list[str] = []  # rank 0: the folders (or URLs) written, in order
+        self.failed: list[str] = []  # rank 0: URLs whose upload did not finish
+        self._uploads: ThreadPoolExecutor | None = None
+        self._pending: list[tuple[str, Path, Future]] = []  # (URL, staged folder, upload)
+        if settings.final_register_only:
+            notice_once(f"{KEY}.final_register_only: has no effect without mlflow_registered_model_name; the final "
+                        "model is exported to save_folder (as llm-foundry does)")
 
     def on_fit_start(self, trainer):
         try:
-            self.every = max(1, trainer.rates.to_batches(self.s.save_interval, "callbacks.hf_checkpointer.save_interval"))
+            self.every = max(1, trainer.rates.to_batches(self.s.save_interval, f"{KEY}.save_interval"))
         except ValueError as error:
             raise ConfigError(str(error)) from None
+        if self.remote:  # an unreachable store or a missing bucket: say so now rather than after the first interval
+            _agree(self._check_store)
 
     def on_batch_end(self, trainer, metrics):
         if trainer.time.batch % self.every == 0:
-            self.export(trainer)
+            self.export(trainer, wait=False)
 
     def on_fit_end(self, trainer):
         if self.last != trainer.time.batch:
-            self.export(trainer)
+            self.export(trainer, wait=False)
+        self.finish(trainer.cfg.checkpoint_upload.wait_at_end_s)
 
-    def export(self, trainer) -> Path | None:
-        """Collective: every rank calls it. Returns the folder on rank 0."""
+    def folder_name(self, trainer) -> str:
+        fields = dict(vars(trainer.time), run_name=trainer.run_name, rank=dist.rank(), world_size=dist.world_size())
+        return self.s.huggingface_folder_name.format(**{k: fields[k] for k in FOLDER_NAME_FIELDS})
+
+    def export(self, trainer, wait: bool = True) -> str | None:
+        """Collective: every rank calls it. Rank 0 writes the export and returns its folder or URL. With
+        ``wait=False`` an upload to an object store may still be running when it returns (see :meth:`finish`);
+        with ``wait=True`` (only_hf_checkpoint, where the export is the whole point) a failed upload stops the run."""
         self.last = trainer.time.batch
+        name = self.folder_name(trainer)
+        target = objectstore.join(self.s.save_folder, SUBFOLDER, name)
+        if not self.s.overwrite:
+            _agree(lambda: self._refuse_existing(target))
         full = get_model_state_dict(trainer.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        out = Path(self.s.save_folder) / f"ba{trainer.time.batch}"
         if dist.rank() == 0:
-            if out.exists():
-                if not self.s.overwrite:
-                    raise ConfigError(f"callbacks.hf_checkpointer.save_folder: '{out}' already exists (set "
-                                      "overwrite: true or choose another folder)")
-                shutil.rmtree(out)
-            cfg = trainer.cfg
-            settings = cfg.model.settings
-            if dataclasses.is_dataclass(settings) and getattr(settings, "init_device", None) == "meta":
-                settings = dataclasses.replace(settings, init_device="cpu")
-            copy = build_model(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, settings=settings)),
-                               trainer.tokenizer)
+            copy = self._model_copy(trainer)
             copy.load_state_dict(full)
-            export_hf(copy.eval(), trainer.tokenizer, out, self.s.precision)  # any name in core.precision.DTYPES
-            self.exported.append(out)
-            trainer._print(f"hf_checkpointer: exported {out}")
+            if self.remote:
+                # numbered, so that an export of a name whose previous upload is still running gets its own copy
+                staged = self._staging(trainer) / SUBFOLDER / f"{name}.{len(self.exported)}"
+                shutil.rmtree(staged, ignore_errors=True)
+                export_hf(copy.eval(), trainer.tokenizer, staged, self.s.precision)
+                self._upload(trainer, staged, target)
+                trainer._print(f"hf_checkpointer: exported batch {trainer.time.batch}, uploading to {target}")
+            else:
+                _write_local(copy.eval(), trainer.tokenizer, Path(target), self.s.precision)
+                trainer._print(f"hf_checkpointer: exported {target}")
+            self.exported.append(target)
         dist.barrier()
-        return out if dist.rank() == 0 else None
+        if wait and not self.finish(trainer.cfg.checkpoint_upload.wait_at_end_s):
+            raise TrainingStopped(f"hf_checkpointer: not uploaded completely: {', '.join(self.failed)} (see the log)")
+        return target if dist.rank() == 0 else None
+
+    def finish(self, timeout_s: float) -> bool:
+        """Wait (rank 0) for pending uploads, at most ``timeout_s`` in all; False if any did not complete."""
+        deadline = time.monotonic() + timeout_s
+        for url, staged, future in self._pending:
+            try:
+                future.result(timeout=max(0.0, deadline - time.monotonic()))
+            except Exception as error:  # noqa: BLE001 - a timeout or the upload's own error; both are reported
+                self.failed.append(url)
+                log.error("hf_checkpointer: the export %s was not uploaded completely (%s: %s); its files are in %s",
+                          url, type(error).__name__, error, staged)
+        self._pending = []
+        return not self.failed
+
+    # -- rank 0 --
+    def _model_copy(self, trainer):
+        cfg = trainer.cfg
+        settings = cfg.model.settings
+        if dataclasses.is_dataclass(settings) and getattr(settings, "init_device", None) == "meta":
+            settings = dataclasses.replace(settings, init_device="cpu")
+        return build_model(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, settings=settings)),
+                           trainer.tokenizer)
+
+    def _staging(self, trainer) -> Path:
+        return objectstore.staging_root(self.s.save_folder, trainer.cfg.checkpoint_upload.staging_folder)
+
+    def _upload(self, trainer, staged: Path, url: str) -> None:
+        upload = trainer.cfg.checkpoint_upload
+        if self._uploads is None:  # one worker: exports reach the store in the order they were made
+            self._uploads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-export-upload")
+
+        def run() -> None:
+            def on_retry(error: Exception, wait: float) -> None:
+                log.warning("hf_checkpointer: upload to %s: %s; retrying in %.1f s", url, type(error).__name__, wait)
+
+            retry = objectstore.Retry(time.monotonic() + upload.timeout_s, upload.initial_backoff_s,
+                                      upload.max_backoff_s, on_retry)
+            uploads.publish_folder(staged, url, retry, last=("config.json",))
+            shutil.rmtree(staged, ignore_errors=True)  # kept after a failure, so the export is not lost
+
+        self._pending.append((url, staged, self._uploads.submit(run)))
+
+    def _check_store(self) -> str | None:
+        try:
+            objectstore.ObjectFolder(self.s.save_folder, f"{KEY}.save_folder", max_attempts=3).probe()
+        except ConfigError as error:
+            return str(error)
+        except Exception as error:  # noqa: BLE001 - botocore: no credentials, no endpoint, no bucket, ...
+            return str(objectstore.explain(error, self.s.save_folder, f"{KEY}.save_folder"))
+        return None
+
+    def _refuse_existing(self, target: str) -> str | None:
+        if self.remote:
+            try:
+                exists = bool(objectstore.ObjectFolder(target, f"{KEY}.save_folder", max_attempts=3).list_keys())
+            except Exception as error:  # noqa: BLE001 - botocore errors, explained in one line
+                return str(objectstore.explain(error, target, f"{KEY}.save_folder"))
+        else:
+            exists = Path(target).exists()
+        if exists:
+            return (f"{KEY}.overwrite: the export '{target}' already exists and overwrite is false (set "
+                    "overwrite: true, or choose another save_folder or huggingface_folder_name)")
+        return None
+
+
+def _write_local(model, tokenizer, target: Path, precision: str) -> None:
+    """Export into a hidden sibling of ``target`` and rename it, so ``target`` is never seen half-written."""
+    partial = target.with_name(f".{target.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    export_hf(model, tokenizer, partial, precision)  # any name in core.precision.DTYPES
+    if target.exists():
+        shutil.rmtree(target)
+    partial.rename(target)
+
+
+def _agree(check) -> None:
+    """Run ``check`` on rank 0 (it returns an error message or None) and raise that error on every rank, so that
+    no rank is left waiting in a collective for one that stopped."""
+    problem = dist.broadcast_object(check() if dist.rank() == 0 else None)
+    if problem:
+        raise ConfigError(problem)
 
 
 @callbacks.register("hf_checkpointer", config=HFCheckpointerSettings)
