@@ -6,6 +6,9 @@ A model path is one of
   the checkpoint's own ``config.yaml`` rebuilds the model through the trainer's builders and its ``tokenizer/``
   folder is the tokenizer;
 * a Hugging Face folder (recognised by its ``config.json``): our own MPT folders and any transformers model;
+* a checkpoint written by llm-foundry (Composer): a ``*.pt`` file or a sharded folder; it is written out as the
+  Hugging Face folder llm-foundry's convert_composer_to_hf.py would write (train.composer_checkpoint), then read
+  as one;
 
 and may be local or in an object store (``s3://...``), in which case it is downloaded into the trainer's staging
 folder first (``train.checkpointer.stage_model_path``). ``load_eval_model`` builds one entry of an eval recipe's ``models`` list,
@@ -18,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import PretrainedConfig
 
 from llmfoundry import registry
 from llmfoundry.core import objectstore
@@ -25,7 +29,8 @@ from llmfoundry.core.errors import ConfigError
 from llmfoundry.data.tokenizers import build_tokenizer, load_saved_tokenizer
 from llmfoundry.eval.models import HF, model_settings
 from llmfoundry.models.hf import HFModelSettings, load_hf_causal_lm
-from llmfoundry.train import parallel
+from llmfoundry.models.hf_import import is_llm_foundry_mpt_folder, load_as_mpt
+from llmfoundry.train import composer_checkpoint, parallel
 from llmfoundry.train.builders import build_model
 from llmfoundry.train.builders import build_tokenizer as build_recipe_tokenizer
 from llmfoundry.train.checkpoint import load_checkpoint, read_checkpoint_config, resolve_checkpoint
@@ -35,6 +40,17 @@ from llmfoundry.train.recipe import TrainConfig, validate
 
 def is_hf_folder(path: str | Path) -> bool:
     return (Path(path) / "config.json").is_file()
+
+
+def local_model_path(path: str | Path, key: str = "model") -> Path:
+    """A local path for a model path: downloaded first when remote; a Composer checkpoint is written out as a
+    Hugging Face folder in the staging area."""
+    path = Path(stage_model_path(str(path), key))
+    found = composer_checkpoint.find_composer_checkpoint(path)
+    if found is None:
+        return path
+    folder = objectstore.staging_root(str(found.resolve())) / "huggingface"
+    return composer_checkpoint.write_hf_folder(composer_checkpoint.read_composer_checkpoint(found, key), folder, key)
 
 
 def load_checkpoint_model(path: str | Path, device: str | torch.device = "cpu"):
@@ -56,9 +72,13 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", *, dtype: t
 
     ``dtype``: the weights' dtype for a Hugging Face folder (default: transformers' choice); a checkpoint of ours
     comes back in the dtype its recipe trains in."""
-    path = Path(stage_model_path(str(path), key))
+    path = local_model_path(path, key)
     if not is_hf_folder(path):
         return load_checkpoint_model(path, device)
+    if is_llm_foundry_mpt_folder(path):  # read as JSON and tensors: its Python files are never run
+        model = load_as_mpt(path)
+        # an empty config: AutoTokenizer would otherwise parse config.json as transformers' MptConfig, and fail
+        return model.to(dtype or torch.float32).to(device).eval(), load_saved_tokenizer(path, config=PretrainedConfig())
     # The loader of a recipe's hf_causal_lm section (and of an eval recipe's Hugging Face models): any
     # transformers model, and our own MPT folders, which llmfoundry.models registers with the Auto classes.
     try:
@@ -103,7 +123,7 @@ def load_eval_model(spec, device: torch.device | str = "cpu", *, max_seq_len: in
     ``pretrained_model_name_or_path`` of an ``hf_causal_lm`` section. ``load_path`` and ``model`` together: a
     checkpoint's weights go into the model the section builds (llm-foundry's ``load_path``)."""
     key = key or f"models.{spec.model_name}"
-    local = stage_model_path(spec.load_path, f"{key}.load_path") if spec.load_path else None
+    local = str(local_model_path(spec.load_path, f"{key}.load_path")) if spec.load_path else None
     if local is not None and not is_hf_folder(local):  # one of our training checkpoints
         if not spec.model:
             model, tokenizer = load_checkpoint_model(local, device="cpu")

@@ -31,7 +31,6 @@ import torch
 import torch.distributed.checkpoint as dcp
 import yaml
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -42,6 +41,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from llmfoundry.core import dist
 from llmfoundry.core.errors import ConfigError, first_line
+from llmfoundry.train.dcp_reading import SafeFileSystemReader, SafeLoadPlanner, unwrap
 
 LATEST = "latest"
 CONFIG_FILE = "config.yaml"
@@ -213,8 +213,11 @@ def load_checkpoint(
     if with_optimizer:
         state["optimizer"] = get_optimizer_state_dict(model, optimizer)
     try:
-        dcp.load(state, checkpoint_id=str(path), planner=DefaultLoadPlanner(allow_partial_load=not strict))
-    except (RuntimeError, KeyError, CheckpointException) as error:
+        dcp.load(state, storage_reader=SafeFileSystemReader(str(path)),
+                 planner=SafeLoadPlanner(allow_partial_load=not strict))
+    except (RuntimeError, KeyError, CheckpointException, ConfigError) as error:
+        if isinstance(unwrap(error), ConfigError):  # refused by dcp_reading: something other than plain state
+            raise ConfigError(f"load_path: '{path}': {unwrap(error)}") from None
         failure = _load_failure(error)
         if "optimizer" in failure:
             hint = "set load_weights_only: true to load the model weights alone"
@@ -252,8 +255,7 @@ def _read_small_state(path: Path) -> dict[str, Any]:
 
 def _load_failure(error: BaseException) -> str:
     """The first line of what went wrong, unwrapped from DCP's per-rank CheckpointException (a BaseException)."""
-    if isinstance(error, CheckpointException) and error.failures:
-        error = next(iter(error.failures.values()))[0]
+    error = unwrap(error)
     return first_line(error).strip("'\"").rstrip(".")
 
 

@@ -15,8 +15,12 @@ config.json and the tokenizer files, for ``llmfoundry convert``).
 
 from __future__ import annotations
 
+import copy
 import datetime
+import json
+import os
 import pickle
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +37,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+from safetensors.torch import save_file
 from torch.torch_version import TorchVersion
 
 from llmfoundry.core.errors import ConfigError, first_line
@@ -312,3 +317,60 @@ def _load_optimizer(checkpoint: ComposerCheckpoint, model, optimizer, optimizer_
                              options=StateDictOptions(strict=False))
     for group, saved in zip(optimizer.param_groups, checkpoint.param_groups):
         group["lr"] = float(saved["lr"])  # the learning rate of the next step, as Composer's scheduler left it
+
+
+# ----- as a Hugging Face folder (what llm-foundry's convert_composer_to_hf.py writes) -----
+def write_hf_folder(checkpoint: ComposerCheckpoint, dest: str | Path, key: str = "checkpoint") -> Path:
+    """The checkpoint's model as a Hugging Face folder: the config.json and tokenizer files Composer stored with
+    it, and the weights (names under Composer's wrapper) as model.safetensors. An llm-foundry MPT comes out as
+    llm-foundry's own export does (``model_type: mpt``; llmfoundry.models.llm_foundry_mpt reads it without its
+    code), any other transformers model as its usual folder. Written to a temporary name, then renamed."""
+    if not checkpoint.hf_config:
+        raise ConfigError(f"{key}: '{checkpoint.path}' holds no Hugging Face config (state.integrations."
+                          "huggingface), so the model it holds cannot be rebuilt; it was not saved by llm-foundry's "
+                          "mpt_causal_lm or hf_causal_lm")
+    dest = Path(dest)
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    # never point at code (auto_map); "_..." keys are transformers' run-time bookkeeping, which save_pretrained drops
+    config = {k: v for k, v in checkpoint.hf_config.items() if k != "auto_map" and not k.startswith("_")}
+    (tmp / "config.json").write_text(json.dumps(config, indent=2))
+    for name, content in checkpoint.tokenizer_files.items():
+        if Path(name).name != name or content is None:
+            continue  # a file name with a path in it is not a tokenizer file Composer wrote
+        if name == "tokenizer.json" and isinstance(content, dict):
+            content = _restore_empty_containers(content)
+        text = content if isinstance(content, str) else json.dumps(content, indent=2)
+        (tmp / name).write_text(text)
+    tensors, seen = {}, {}
+    for name, value in checkpoint.model.items():
+        pointer = (value.untyped_storage().data_ptr(), value.storage_offset(), tuple(value.shape))
+        if pointer in seen:  # a tied weight saved twice: safetensors stores one copy
+            continue
+        seen[pointer] = name
+        tensors[name] = value.contiguous()
+    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    shutil.rmtree(dest, ignore_errors=True)
+    os.replace(tmp, dest)
+    return dest
+
+
+def _restore_empty_containers(tokenizer: dict[str, Any]) -> dict[str, Any]:
+    """tokenizer.json as the tokenizers library needs it. A sharded checkpoint keeps only leaves, so an empty dict
+    or list vanishes; these are the ones whose absence makes the file unreadable."""
+    tokenizer = copy.deepcopy(tokenizer)
+    tokenizer.setdefault("added_tokens", [])
+    processors = [tokenizer.get("post_processor")]
+    while processors:
+        processor = processors.pop()
+        if isinstance(processor, dict):
+            if processor.get("type") == "TemplateProcessing":
+                processor.setdefault("special_tokens", {})
+            processors += processor.get("processors") or []
+    model = tokenizer.get("model")
+    if isinstance(model, dict):
+        model.setdefault("vocab", {})
+        if model.get("type") == "BPE":
+            model.setdefault("merges", [])
+    return tokenizer

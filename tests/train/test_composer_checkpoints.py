@@ -41,7 +41,7 @@ def resumed_recipe(name: str, paths: dict, tmp_path: Path, **changes) -> dict:
         text = text.replace("{" + key + "}", str(value))
     recipe = json.loads(text)
     recipe.pop("fsdp_config", None)  # the sharded fixture was written by 2 ranks; it resumes here on one
-    recipe.update(load_path=str(FIXTURES / CHECKPOINTS[name]), save_folder=None, **changes)
+    recipe.update(save_folder=None, **{"load_path": str(FIXTURES / CHECKPOINTS[name]), **changes})
     return recipe
 
 
@@ -129,3 +129,66 @@ def test_sharded_metadata_with_foreign_types_is_refused_unread(tmp_path):
     (folder / ".metadata").write_bytes(b"cos\nsystem\n(S'echo this must never run'\ntR.")  # os.system(...)
     with pytest.raises(ConfigError, match="refused unread"):
         read_composer_checkpoint(folder)
+
+
+# ----- llmfoundry convert from a Composer checkpoint (llm-foundry's convert_composer_to_hf.py) -----
+@pytest.mark.parametrize("name,cls", [("mpt_monolithic", "MptForCausalLM"), ("gpt2_monolithic", "GPT2LMHeadModel")])
+def test_convert_writes_a_transformers_folder_with_the_checkpoint_weights_and_tokenizer(name, cls, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from llmfoundry.cli import main
+
+    out = tmp_path / "hf"
+    assert main(["convert", str(FIXTURES / CHECKPOINTS[name]), str(out), "--dtype", "bf16"]) == 0
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert type(model).__name__ == cls and model.dtype == torch.bfloat16
+    saved = read_composer_checkpoint(FIXTURES / CHECKPOINTS[name])
+    embedding = model.get_input_embeddings().weight
+    assert torch.equal(embedding, saved.model["transformer.wte.weight"].to(torch.bfloat16))
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert tokenizer.decode(tokenizer("The cat runs.").input_ids) == "The cat runs ."  # the word-level tokenizer
+
+
+def test_convert_of_a_model_transformers_cannot_express_is_a_one_line_error(tmp_path, capsys):
+    from llmfoundry.cli import main
+
+    # the sharded fixture uses qk_ln, which no transformers-native class computes
+    assert main(["convert", str(FIXTURES / CHECKPOINTS["mpt_sharded"]), str(tmp_path / "hf")]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "qk_ln" in err[0]
+    assert not (tmp_path / "hf").exists()
+
+
+def test_a_sharded_checkpoint_written_out_as_a_folder_loads_with_its_tokenizer(tmp_path):
+    """A sharded checkpoint keeps only leaves (empty containers vanish); tokenizer.json still loads, and the
+    folder is llm-foundry's MPT export, read here without its code."""
+    from llmfoundry.loading import load_model
+
+    model, tokenizer = load_model(FIXTURES / CHECKPOINTS["mpt_sharded"])
+    saved = read_composer_checkpoint(FIXTURES / CHECKPOINTS["mpt_sharded"])
+    for key, value in saved.model.items():
+        assert torch.equal(model.state_dict()[key], value), key
+    assert tokenizer("The cat").input_ids == [64, 20]
+
+
+@pytest.mark.s3
+def test_a_composer_checkpoint_in_s3_resumes(s3_server, fixture_data, tmp_path):
+    import boto3
+
+    from tests.helpers import S3_TEST_BUCKET
+
+    s3 = boto3.client("s3", endpoint_url=s3_server)
+    for path in (FIXTURES / "mpt_sharded" / "ep0-ba2").iterdir():
+        s3.upload_file(str(path), S3_TEST_BUCKET, f"run/checkpoints/ep0-ba2/{path.name}")
+    # Composer's upload of its latest-sharded-rank0 symlink: a text object naming the target's key
+    s3.put_object(Bucket=S3_TEST_BUCKET, Key="run/checkpoints/latest-sharded-rank0.symlink",
+                  Body=b"run/checkpoints/ep0-ba2")
+    s3.upload_file(str(FIXTURES / CHECKPOINTS["mpt_monolithic"]), S3_TEST_BUCKET, "mono/ep0-ba2-rank0.pt")
+    for name, url in {"mpt_sharded": f"s3://{S3_TEST_BUCKET}/run/checkpoints",
+                      "mpt_monolithic": f"s3://{S3_TEST_BUCKET}/mono/ep0-ba2-rank0.pt"}.items():
+        trainer = make_trainer(resumed_recipe(name, fixture_data, tmp_path, load_path=url))
+        trainer._resume()
+        saved = read_composer_checkpoint(FIXTURES / CHECKPOINTS[name])
+        assert trainer.time.batch == 2
+        assert torch.equal(get_model_state_dict(trainer.model)["transformer.wte.weight"],
+                           saved.model["transformer.wte.weight"])
