@@ -1,8 +1,8 @@
 """`llmfoundry convert CHECKPOINT OUT_DIR [--dtype fp32|bf16|fp16] [--hf_repo_for_upload REPO [--test_uploaded_model]]`:
-export a model to a transformers-native folder.
+export a model to a transformers-native folder (or, with ``--recipe RECIPE.yaml``, to a checkpoint of ours).
 
-CHECKPOINT is one of our checkpoints (a checkpoint folder or a save_folder) or a Hugging Face folder, local or
-``s3://``; the exported folder loads with ``transformers.AutoModelForCausalLM.from_pretrained`` and no
+CHECKPOINT is one of our checkpoints (a checkpoint folder or a save_folder), a checkpoint written by llm-foundry
+(Composer: a ``*.pt`` file or a sharded folder) or a Hugging Face folder, local or ``s3://``; the exported folder loads with ``transformers.AutoModelForCausalLM.from_pretrained`` and no
 ``trust_remote_code`` (see llmfoundry.models.hf_export for which transformers class each architecture maps to).
 
 OUT_DIR is a local folder or ``s3://bucket/prefix``: a remote export is written to a local staging folder and
@@ -33,6 +33,7 @@ from llmfoundry.core.errors import ConfigError, first_line
 from llmfoundry.core.precision import DTYPES
 from llmfoundry.loading import load_model
 from llmfoundry.models.hf_export import export_hf
+from llmfoundry.commands import train
 from llmfoundry.train import uploads
 
 FILE_URL = "file://"  # an --hf_repo_for_upload that is a local folder: a Hub stand-in that needs no network
@@ -50,11 +51,26 @@ def main(argv: list[str]) -> int:
                              f"or to a local folder given as a {FILE_URL} URL")
     parser.add_argument("--test_uploaded_model", action="store_true",
                         help="load the uploaded model back from --hf_repo_for_upload and compare it with the export")
+    parser.add_argument("--recipe", metavar="RECIPE.yaml", default=None,
+                        help="write a checkpoint of this project instead (a DCP folder in OUT_DIR, resumable with "
+                             "load_path or autoresume): the training recipe the checkpoint continues with builds the "
+                             "model and optimizer, which take the weights, optimizer state, time and data position "
+                             "of CHECKPOINT (a Composer checkpoint, say)")
     args = parser.parse_args(argv)
+    if args.recipe is not None:
+        return write_training_checkpoint(args.checkpoint, args.out_dir, args.recipe)
     check_outputs(args.out_dir, args.hf_repo_for_upload, args.test_uploaded_model)  # before the slow part
     model, tokenizer = load_model(args.checkpoint)
     write_outputs(model, tokenizer, args.out_dir, args.dtype, args.hf_repo_for_upload, args.test_uploaded_model)
     return 0
+
+
+def write_training_checkpoint(checkpoint: str, out_dir: str, recipe: str) -> int:
+    """``llmfoundry train RECIPE load_path=CHECKPOINT save_folder=OUT_DIR only_composer_checkpoint=true``: the
+    recipe's model and optimizer restored from CHECKPOINT, saved as one checkpoint of ours, without training."""
+    overrides = [f"load_path={checkpoint}", f"save_folder={out_dir}", "only_composer_checkpoint=true",
+                 "autoresume=false", "load_weights_only=false"]
+    return train.main([recipe, *overrides])
 
 
 # ----------------------------------------------------------------------------------------------- checks up front

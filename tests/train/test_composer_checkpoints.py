@@ -192,3 +192,28 @@ def test_a_composer_checkpoint_in_s3_resumes(s3_server, fixture_data, tmp_path):
         assert trainer.time.batch == 2
         assert torch.equal(get_model_state_dict(trainer.model)["transformer.wte.weight"],
                            saved.model["transformer.wte.weight"])
+
+
+def test_convert_to_a_checkpoint_of_ours_keeps_the_whole_training_state(fixture_data, tmp_path):
+    """--recipe: the Composer checkpoint becomes a DCP checkpoint of this project; a run resumed from that one
+    trains batches 3 and 4 as llm-foundry did."""
+    import yaml
+
+    from llmfoundry.cli import main
+
+    recipe = resumed_recipe("mpt_monolithic", fixture_data, tmp_path)
+    recipe.pop("load_path")
+    recipe_file = tmp_path / "recipe.yaml"
+    recipe_file.write_text(yaml.safe_dump(recipe))
+    out = tmp_path / "ours"
+    assert main(["convert", str(FIXTURES / CHECKPOINTS["mpt_monolithic"]), str(out), "--recipe", str(recipe_file)]) == 0
+    assert (out / "latest").read_text().strip() == "ep0-ba2"
+
+    reference = json.loads((FIXTURES / "mpt_monolithic.json").read_text())
+    recorder = Recorder()
+    trainer = make_trainer({**recipe, "load_path": str(out)})
+    trainer.callbacks.append(recorder)
+    trainer.fit()
+    assert [b["lr"] for b in recorder.batches] == pytest.approx([b["lr"] for b in reference["batches"][2:]])
+    for ours, theirs in zip(recorder.batches, reference["batches"][2:]):
+        assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-5)
