@@ -15,6 +15,7 @@ from llmfoundry.core import dist, objectstore
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.train import uploads
 from llmfoundry.train.checkpoint import latest_checkpoint, list_checkpoints, save_checkpoint
+from llmfoundry.train.composer_checkpoint import find_composer_checkpoint
 
 
 class Checkpointer:
@@ -101,6 +102,25 @@ class Checkpointer:
             return None
         return fetch(self.save_folder, name, self.staging)
 
+    def latest_composer(self) -> str | None:
+        """The checkpoint Composer's ``latest-*`` pointer in save_folder names (a save_folder llm-foundry wrote,
+        which autoresume continues as llm-foundry would), as a local path; None when there is none."""
+        if not self.save_folder:
+            return None
+        if not self.remote:
+            found = find_composer_checkpoint(self.save_folder)
+            return str(found) if found is not None and found != Path(self.save_folder) else None
+        pointer = None
+        if dist.rank() == 0:
+            try:
+                pointer = _remote_composer_checkpoint(self.save_folder.rstrip("/"), pointers_only=True)
+            except Exception as error:  # noqa: BLE001 - boto's errors, as in latest()
+                pointer = str(objectstore.explain(error, self.save_folder, "save_folder"))
+        pointer = dist.broadcast_object(pointer)
+        if isinstance(pointer, str):
+            raise ConfigError(pointer)
+        return None if pointer is None else resolve_load_path("/".join(pointer), self.staging)
+
 
 def fetch(url: str, name: str, staging: Path) -> str:
     """Download checkpoint ``name`` of the s3:// save_folder ``url`` (one rank per node) and return its path."""
@@ -147,15 +167,16 @@ def resolve_load_path(path: str, staging: Path) -> str:
     return fetch(found[0], found[1], staging)
 
 
-def _remote_composer_checkpoint(url: str) -> tuple[str, str] | None:
+def _remote_composer_checkpoint(url: str, pointers_only: bool = False) -> tuple[str, str] | None:
     """(folder URL, name) of a Composer checkpoint at ``url``: a ``*.pt`` object, a sharded checkpoint folder (a
     ``.metadata`` without our ``rank0.pt``), or a save_folder with Composer's uploaded ``latest-*.symlink`` pointer
     (whose text is the target's key in the bucket). None when ``url`` is none of these."""
     parent, _, last = url.rpartition("/")
-    if last.endswith(".pt") and not parent.endswith(":/"):
+    if last.endswith(".pt") and not parent.endswith(":/") and not pointers_only:
         return parent, last
     folder = objectstore.ObjectFolder(url, "load_path")
-    if folder.exists(".metadata") and not folder.exists("rank0.pt") and not parent.endswith(":/"):
+    if (not pointers_only and folder.exists(".metadata") and not folder.exists("rank0.pt")
+            and not parent.endswith(":/")):
         return parent, last
     for pointer in ("latest-sharded-rank0.symlink", "latest-rank0.pt.symlink"):
         target = folder.read_text(pointer)

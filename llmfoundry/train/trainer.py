@@ -181,7 +181,7 @@ class Trainer:
         path = None
         weights_only = cfg.load_weights_only
         if cfg.autoresume:  # validation made sure that save_folder is set
-            latest = self.checkpointer.latest()
+            latest = self.checkpointer.latest() or self.checkpointer.latest_composer()
             if latest is not None:
                 path, weights_only = latest, False
         if path is None and cfg.load_path:
@@ -325,6 +325,8 @@ class Trainer:
                 self.scaler.update()
             else:
                 self.optimizer.step()
+            for cb in self.callbacks:
+                cb.on_optimizer_step(self, metrics)
             self.optimizer.zero_grad(set_to_none=True)
         # As Composer does: the schedule is evaluated before the time advances, so step k >= 2 uses its value
         # after k - 2 batches and the first value serves two steps; a resumed run restores the same lr.
@@ -366,6 +368,8 @@ class Trainer:
                 # Normalise by the tokens of the whole global batch; DDP/FSDP average over ranks, so undo that.
                 scaled = micro_loss * self.dist.world_size / targets.clamp(min=1)
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+            for cb in self.callbacks:
+                cb.on_after_backward(self, micro, logits)
             loss_sum += micro_loss.detach()
         return loss_sum
 
@@ -385,6 +389,8 @@ class Trainer:
     def evaluate(self, log: bool = True) -> dict[str, float]:
         """Loss and perplexity over the eval loader, then the ICL tasks and gauntlet, when configured."""
         metrics: dict[str, float] = {}
+        for cb in self.callbacks:
+            cb.on_eval_start(self)
         for prefix, loader in self.eval_loaders:
             metrics.update(self._eval_loss(prefix, loader))
         if self.icl is not None:

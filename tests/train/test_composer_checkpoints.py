@@ -41,7 +41,7 @@ def resumed_recipe(name: str, paths: dict, tmp_path: Path, **changes) -> dict:
         text = text.replace("{" + key + "}", str(value))
     recipe = json.loads(text)
     recipe.pop("fsdp_config", None)  # the sharded fixture was written by 2 ranks; it resumes here on one
-    recipe.update(save_folder=None, **{"load_path": str(FIXTURES / CHECKPOINTS[name]), **changes})
+    recipe.update({"save_folder": None, "load_path": str(FIXTURES / CHECKPOINTS[name]), **changes})
     return recipe
 
 
@@ -217,3 +217,20 @@ def test_convert_to_a_checkpoint_of_ours_keeps_the_whole_training_state(fixture_
     assert [b["lr"] for b in recorder.batches] == pytest.approx([b["lr"] for b in reference["batches"][2:]])
     for ours, theirs in zip(recorder.batches, reference["batches"][2:]):
         assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-5)
+
+
+def test_autoresume_continues_a_save_folder_llm_foundry_wrote(fixture_data, tmp_path):
+    """autoresume with save_folder = llm-foundry's own folder resumes from Composer's latest pointer (as
+    llm-foundry would), then from this project's newer checkpoints written there."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    shutil.copy2(FIXTURES / CHECKPOINTS["mpt_monolithic"], folder / "ep0-ba2-rank0.pt")
+    (folder / "latest-rank0.pt").symlink_to("ep0-ba2-rank0.pt")
+    recipe = resumed_recipe("mpt_monolithic", fixture_data, tmp_path, load_path=None, autoresume=True,
+                            save_folder=str(folder), save_interval="1ba", max_duration="3ba")
+    trainer = make_trainer(recipe)
+    trainer.fit()
+    assert trainer.time.batch == 3 and (folder / "latest").read_text().strip() == "ep0-ba3"
+    trainer = make_trainer({**recipe, "max_duration": "4ba"})
+    trainer._resume()
+    assert trainer.time.batch == 3  # our own newer checkpoint now comes first
