@@ -61,7 +61,7 @@ def load_checkpoint_model(path: str | Path, device: str | torch.device = "cpu"):
     tokenizer = load_saved_tokenizer(tokenizer_dir) if tokenizer_dir.is_dir() else build_recipe_tokenizer(cfg)
     model = build_model(cfg, tokenizer)
     if parallel.is_meta(model):  # trained with init_device: meta: storage for the weights the checkpoint fills in
-        model.to_empty(device="cpu")
+        parallel.allocate_meta(model, "cpu")
     load_checkpoint(path, model=model, optimizer=None, weights_only=True)
     return model.to(device).eval(), tokenizer
 
@@ -136,7 +136,7 @@ def load_eval_model(spec, device: torch.device | str = "cpu", *, max_seq_len: in
             name, settings = model_settings(spec, key)
             model = _build(name, settings, tokenizer, key)
             if parallel.is_meta(model):  # init_device: meta: storage for the weights the checkpoint fills in
-                model.to_empty(device="cpu")
+                parallel.allocate_meta(model, "cpu")
             load_checkpoint(folder, model=model, optimizer=None, weights_only=True)
     else:
         name, settings = model_settings(spec, key, pretrained_path=local)

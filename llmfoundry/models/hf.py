@@ -8,23 +8,30 @@ the documents from attending to each other.
 
 from __future__ import annotations
 
+import functools
+import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from huggingface_hub import snapshot_download
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM, BitsAndBytesConfig
+from transformers import AutoConfig, AutoModelForCausalLM, BitsAndBytesConfig, GenerationConfig
 
 from llmfoundry.config.fields import option
 from llmfoundry.core.errors import ConfigError, did_you_mean, first_line
 from llmfoundry.core.notices import notice_once
+from llmfoundry.models.hf_import import is_llm_foundry_mpt_folder
 from llmfoundry.models.layers.positional import segment_positions
+from llmfoundry.models.metrics import MetricSettings
 from llmfoundry.models.mpt import MPTConfig, MPTForCausalLM  # importing it lets the Auto classes open our MPT
+from llmfoundry.models.pretrained_weights import PretrainedWeights, safetensors_files
 from llmfoundry.registry import models
 
 
 @dataclass
-class HFModelSettings:
+class HFModelSettings(MetricSettings):  # MetricSettings: use_train_metrics, ...
     pretrained_model_name_or_path: str = option(doc="a local folder (or a hub id when online)")
     pretrained: bool = option(True, "load the pretrained weights (false: random weights from the config)")
     config_overrides: dict[str, Any] = option({}, "values that replace keys of the model's config.json")
@@ -35,16 +42,23 @@ class HFModelSettings:
         None, "LoRA adapters via peft: {peft_type: LORA, r: 8, lora_alpha: 16, target_modules: [...], ...}"
     )
     init_device: Literal["cpu", "mixed", "meta"] = option(
-        "cpu", "where the weights are first created (llm-foundry: mixed = rank 0 reads them, the others wait on the "
-        "meta device for FSDP's sync_module_states); here every rank reads them on the CPU",
-        differs="mixed/meta: every rank reads the pretrained weights itself (host memory: one copy per rank)",
+        "cpu", "cpu: every rank reads the whole model. mixed / meta: the model is built without storage and each "
+        "rank reads only its own FSDP shards from the folder's safetensors (about one copy per node)",
+        differs="mixed: rank 0 does not read the full model; every rank reads its shards. meta with pretrained: "
+        "the weights are read into the shards (llm-foundry refuses the combination)",
     )
     use_auth_token: str | bool | None = option(
         None, "Hugging Face hub token (or true: the saved login) for gated or private hub models", secret=True
     )
     load_in_8bit: bool = option(False, "8-bit weights through bitsandbytes (needs a CUDA GPU and bitsandbytes)")
     pretrained_lora_id_or_path: str | None = option(
-        None, "a trained LoRA adapter to continue", unsupported="continuing a LoRA adapter (pretrained_lora_id_or_path)"
+        None, "a trained LoRA adapter (peft folder) to continue training: loaded trainable on the base model"
+    )
+    allow_embedding_resizing: bool = option(
+        False, "grow the embedding to the tokenizer's size when the tokenizer has more tokens (otherwise an error)"
+    )
+    should_save_peft_only: bool = option(
+        True, "with LoRA: checkpoints hold only the adapter weights (the base comes from the pretrained folder)",
     )
 
 
@@ -52,10 +66,16 @@ class HFCausalLM(nn.Module):
     """A transformers causal LM (optionally with peft adapters) with the trainer's interface."""
 
     supports_sequence_id = True
+    # should_save_peft_only and LoRA active (set by load_hf_causal_lm): what checkpoint code may read to save only
+    # the adapters, as Composer's HuggingFaceModel.state_dict does
+    saves_adapters_only = False
 
     def __init__(self, hf_model: nn.Module):
         super().__init__()
         self.hf_model = hf_model
+        # id -> 'lora_A' / 'lora_B' for peft's adapter matrices (modules named <layer>.lora_A.<adapter name>)
+        self._lora_matrices = {id(m): n.split(".")[-2] for n, m in hf_model.named_modules()
+                               if n.count(".") and n.split(".")[-2] in ("lora_A", "lora_B")}
 
     @property
     def config(self):
@@ -128,6 +148,22 @@ class HFCausalLM(nn.Module):
         lists = [m for m in base.modules() if isinstance(m, nn.ModuleList)]
         return list(max(lists, key=len)) if lists else []
 
+    def _init_weights(self, module: nn.Module) -> None:
+        """One module's initial values (train/parallel.py materialises a meta model module by module): LoRA's
+        B matrices start at zero and its A matrices as nn.Linear does, as in peft; the rest as transformers does."""
+        name = self._lora_matrices.get(id(module))
+        if name == "lora_B":
+            nn.init.zeros_(module.weight)
+        elif name == "lora_A":
+            module.reset_parameters()
+        else:
+            self.base_model._init_weights(module)
+
+    def init_parameters(self) -> None:
+        for module in self.modules():
+            if module is not self:
+                self._init_weights(module)
+
     def flops_per_token(self, seq_len: int) -> float:
         """6 * parameters (without position tables) + 12 * layers * hidden * seq_len."""
         config = self.base_model.config.get_text_config()
@@ -193,6 +229,10 @@ def load_hf_causal_lm(settings: HFModelSettings, tokenizer=None) -> HFCausalLM:
             raise ConfigError(f"model.use_flash_attention_2: conflicts with model.attn_implementation='{attn}'")
         attn = "flash_attention_2"
     path = settings.pretrained_model_name_or_path
+    if not settings.trust_remote_code and is_llm_foundry_mpt_folder(path):
+        raise ConfigError(f"model.pretrained_model_name_or_path: '{path}' is llm-foundry's MPT export, which "
+                          "transformers' own MPT cannot read; use model.name: mpt_causal_lm with the same path (read "
+                          "without its code), or set trust_remote_code: true to run the folder's code")
     try:
         config = AutoConfig.from_pretrained(path, trust_remote_code=settings.trust_remote_code,
                                             token=settings.use_auth_token)
@@ -200,13 +240,13 @@ def load_hf_causal_lm(settings: HFModelSettings, tokenizer=None) -> HFCausalLM:
         raise ConfigError(f"model.pretrained_model_name_or_path: cannot load a model config from '{path}' ({error})") from error
     _apply_overrides(config, settings.config_overrides)
     kwargs: dict[str, Any] = {"trust_remote_code": settings.trust_remote_code}
-    if settings.use_auth_token is not None:
-        kwargs["token"] = settings.use_auth_token
-    if settings.init_device != "cpu":
-        notice_once(f"model.init_device: '{settings.init_device}' reads the pretrained weights on every rank here "
-                    "(llm-foundry reads them on rank 0 and broadcasts)")
+    on_meta = settings.init_device in ("meta", "mixed")
     if settings.load_in_8bit:
         kwargs["quantization_config"] = _eight_bit_config()
+        if on_meta and settings.pretrained:  # bitsandbytes quantises while transformers reads the weights
+            notice_once(f"model.init_device: '{settings.init_device}' with load_in_8bit: every rank reads the "
+                        "whole model (quantised as it is read)")
+            on_meta = False
     if attn is not None and config.model_type == MPTConfig.model_type:
         # Our own MPT picks its kernel with attn_config.attn_impl; transformers' switch would not reach it.
         if attn not in OUR_MPT_ATTN:
@@ -216,20 +256,114 @@ def load_hf_causal_lm(settings: HFModelSettings, tokenizer=None) -> HFCausalLM:
     elif attn is not None:
         kwargs["attn_implementation"] = attn
     try:
-        if settings.pretrained:
-            model = AutoModelForCausalLM.from_pretrained(path, config=config, **kwargs)
-        else:
-            model = AutoModelForCausalLM.from_config(config, **kwargs)
+        model = _build_transformers_model(settings, config, kwargs, on_meta)
     except (ValueError, ImportError) as error:
         if attn is None or "attn" not in str(error).lower() and "flash" not in str(error).lower():
             raise
         key = "use_flash_attention_2" if settings.use_flash_attention_2 else "attn_implementation"
         raise ConfigError(f"model.{key}: '{attn}' cannot be used with this model here ({first_line(error)})") from None
-    if tokenizer is not None and len(tokenizer) > model.get_input_embeddings().num_embeddings:
-        model.resize_token_embeddings(len(tokenizer))
-    if settings.peft_config:
+    _check_vocab(model, tokenizer, settings.allow_embedding_resizing, on_meta)
+    if settings.pretrained_lora_id_or_path:
+        model = _continue_lora(model, settings)
+    elif settings.peft_config:
         model = _wrap_peft(model, settings.peft_config)
-    return HFCausalLM(model)
+    wrapped = HFCausalLM(model)
+    wrapped.saves_adapters_only = settings.should_save_peft_only and hasattr(model, "peft_config")
+    if on_meta and settings.pretrained:  # train/parallel.py reads them into the (sharded) model
+        wrapped.pretrained_weights = _weight_files(wrapped, settings)
+    return wrapped
+
+
+def _build_transformers_model(settings: HFModelSettings, config, kwargs: dict[str, Any], on_meta: bool) -> nn.Module:
+    """The pretrained model on the CPU, or the folder's architecture without storage (meta / mixed: the weights
+    are read after sharding, see models/pretrained_weights.py)."""
+    path = settings.pretrained_model_name_or_path
+    if settings.pretrained and not on_meta:
+        token = {} if settings.use_auth_token is None else {"token": settings.use_auth_token}
+        return AutoModelForCausalLM.from_pretrained(path, config=config, **kwargs, **token)
+    if not on_meta:
+        return AutoModelForCausalLM.from_config(config, **kwargs)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, **kwargs)
+    model.tie_weights()
+    try:  # from_pretrained would read it; from_config does not
+        model.generation_config = GenerationConfig.from_pretrained(path, token=settings.use_auth_token)
+    except OSError:
+        pass
+    return model
+
+
+def _check_vocab(model: nn.Module, tokenizer, allow_resizing: bool, on_meta: bool) -> None:
+    """A tokenizer with more tokens than the embedding has rows: grown with allow_embedding_resizing, else an error
+    (token ids past the table would fail in training), as in llm-foundry."""
+    rows = model.get_input_embeddings().num_embeddings
+    if tokenizer is None or len(tokenizer) <= rows:
+        return
+    if not allow_resizing:
+        raise ConfigError(f"model.allow_embedding_resizing: the tokenizer has {len(tokenizer)} tokens but the model's "
+                          f"embedding only {rows} rows (set allow_embedding_resizing: true to grow it, or use the "
+                          "model's own tokenizer)")
+    # on meta there are no weights yet to average for the new rows: they get the model's initialisation
+    model.resize_token_embeddings(len(tokenizer), mean_resizing=not on_meta)
+
+
+def _continue_lora(model: nn.Module, settings: HFModelSettings) -> nn.Module:
+    """A trained LoRA adapter folder on the base model, its adapters trainable (pretrained_lora_id_or_path)."""
+    if settings.peft_config:
+        raise ConfigError("model.pretrained_lora_id_or_path: the adapter folder brings its own LoRA config; remove "
+                          "model.peft_config")
+    try:
+        import peft
+    except ImportError as error:
+        raise ConfigError("model.pretrained_lora_id_or_path: needs the peft package (pip install "
+                          "'llmfoundry[peft]')") from error
+    source = settings.pretrained_lora_id_or_path
+    try:
+        with warnings.catch_warnings():
+            # on the meta device peft's copy of the adapter weights is a no-op (torch warns for each tensor);
+            # train/parallel.py reads them from the adapter folder with the base weights
+            warnings.filterwarnings("ignore", message=".*copying from a non-meta parameter")
+            return peft.PeftModel.from_pretrained(model, source, is_trainable=True, token=settings.use_auth_token)
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"model.pretrained_lora_id_or_path: cannot load a LoRA adapter from '{source}' "
+                          f"({first_line(error)})") from None
+
+
+def _weight_files(model: HFCausalLM, settings: HFModelSettings) -> PretrainedWeights:
+    """The base model's safetensors (names without the wrappers' prefixes) and, when continuing a LoRA, the
+    adapter's (names without the adapter's name, as peft saves them)."""
+    prefix = model.base_model.base_model_prefix + "."
+    sources = [(_local_files(settings.pretrained_model_name_or_path, settings, "model.pretrained_model_name_or_path"),
+                functools.partial(_base_key, prefix=prefix))]
+    if settings.pretrained_lora_id_or_path:
+        sources.append((_local_files(settings.pretrained_lora_id_or_path, settings, "model.pretrained_lora_id_or_path"),
+                        _adapter_key))
+    return PretrainedWeights(sources, "model.pretrained_model_name_or_path")
+
+
+def _local_files(source: str, settings: HFModelSettings, key: str) -> dict:
+    folder = Path(source)
+    if not folder.is_dir():  # a hub id: its files in the local cache (downloaded there if missing)
+        folder = Path(snapshot_download(source, allow_patterns=["*.safetensors", "*.json"],
+                                        token=settings.use_auth_token))
+    return safetensors_files(folder, key)
+
+
+def _base_key(name: str, prefix: str) -> list[str]:
+    """hf_model.[base_model.model.]model.layers.0.q_proj[.base_layer].weight -> model.layers.0.q_proj.weight, or
+    layers.0.q_proj.weight in a folder saved from the bare base model (without the causal LM's ``model.``)."""
+    name = name.removeprefix("hf_model.").removeprefix("base_model.model.").replace(".base_layer.", ".")
+    return [name, name.removeprefix(prefix)] if name.startswith(prefix) else [name]
+
+
+def _adapter_key(name: str) -> list[str]:
+    """hf_model.base_model.model.<layer>.lora_A.default.weight -> base_model.model.<layer>.lora_A.weight (peft
+    saves adapters without their adapter name)."""
+    parts = name.removeprefix("hf_model.").split(".")
+    for i, part in enumerate(parts[:-1]):
+        if part in ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B"):
+            return [".".join(parts[: i + 1] + parts[i + 2 :])]
+    return []
 
 
 @models.register("hf_causal_lm", config=HFModelSettings)

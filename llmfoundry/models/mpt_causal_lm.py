@@ -1,13 +1,25 @@
-"""`model.name: mpt_causal_lm`: our MPT, freshly initialised or started from a pretrained folder."""
+"""`model.name: mpt_causal_lm`: our MPT, freshly initialised or started from a pretrained folder.
+
+With ``init_device: meta`` a folder whose tensor names are our MPT's (our own MPT, transformers' MPT) is not read
+here: the model is built on the meta device and train/parallel.py reads each rank's shards from the folder's
+safetensors after sharding (models/pretrained_weights.py). Llama and GPT-2 folders are converted tensor by tensor
+(fused, transposed) as they are read, so every rank reads them whole (llmfoundry.models.hf_import).
+"""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+from transformers import AutoConfig
+
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.core.notices import notice_once
-from llmfoundry.models.hf_import import load_as_mpt
+from llmfoundry.models.hf_import import arch_from_transformers, load_as_mpt
 from llmfoundry.models.mpt.act_ckpt import mark_checkpointed
-from llmfoundry.models.mpt.config import MPTArch, MPTModelSettings, to_dict
+from llmfoundry.models.mpt.config import MPTArch, MPTConfig, MPTModelSettings, to_dict
 from llmfoundry.models.mpt.model import MPTForCausalLM
+from llmfoundry.models.pretrained_weights import PretrainedWeights, safetensors_files
 from llmfoundry.registry import models
 
 # Options that may differ from a pretrained folder's config: they change how the network runs, not what it is.
@@ -22,11 +34,15 @@ def build_mpt(settings: MPTModelSettings, tokenizer) -> MPTForCausalLM:
         notice_once("model.loss_fn: fused_crossentropy has no fused kernel here; training uses the plain "
                     "cross-entropy (the same values), as with torch_crossentropy")
     if settings.pretrained_model_name_or_path:
-        model = load_as_mpt(
-            settings.pretrained_model_name_or_path,
-            overrides={k: getattr(arch, k) for k in RUNTIME_KEYS},
-            attn_overrides={k: getattr(arch.attn_config, k) for k in RUNTIME_ATTN_KEYS},
-        )
+        path = settings.pretrained_model_name_or_path
+        overrides = {k: getattr(arch, k) for k in RUNTIME_KEYS}
+        attn_overrides = {k: getattr(arch.attn_config, k) for k in RUNTIME_ATTN_KEYS}
+        model = meta_from_folder(path, overrides, attn_overrides) if arch.init_device in ("meta", "mixed") else None
+        if model is None:
+            if arch.init_device in ("meta", "mixed"):
+                notice_once("model.init_device: meta reads a Llama or GPT-2 folder whole on every rank (its "
+                            "tensors are converted to MPT's as they are read)")
+            model = load_as_mpt(path, overrides=overrides, attn_overrides=attn_overrides)
         conflicts = conflicts_with_pretrained(arch, model.arch)
         if conflicts:
             raise ConfigError.many(conflicts)
@@ -40,6 +56,28 @@ def build_mpt(settings: MPTModelSettings, tokenizer) -> MPTForCausalLM:
             f"model.vocab_size: {vocab} is smaller than the tokenizer's {len(tokenizer)} tokens "
             f"(set model.vocab_size to at least {len(tokenizer)}; a multiple of 64 is fastest)"
         )
+    return model
+
+
+def meta_from_folder(path: str, overrides: dict, attn_overrides: dict) -> MPTForCausalLM | None:
+    """Our MPT of the folder's architecture on the meta device, with where to read its weights attached; None for
+    a folder whose tensors are not stored under our names."""
+    folder = Path(path)
+    if not (folder / "config.json").is_file():
+        return None  # load_as_mpt says what is wrong with it
+    values = json.loads((folder / "config.json").read_text())
+    if values.get("model_type") == MPTConfig.model_type:
+        values.update(overrides)  # run-time options replace the stored ones, as in load_as_mpt
+        values["attn_config"] = {**(values.get("attn_config") or {}), **attn_overrides}
+        arch = MPTConfig(**values).arch()
+    elif values.get("model_type") == "mpt":  # transformers' MPT: our names, its Wqkv fused
+        arch = arch_from_transformers(AutoConfig.from_pretrained(folder), **overrides,
+                                      attn_config={**attn_overrides, "fused_qkv": True})
+    else:
+        return None
+    model = MPTForCausalLM.from_arch(arch)
+    files = safetensors_files(folder, "model.pretrained_model_name_or_path")
+    model.pretrained_weights = PretrainedWeights([(files, lambda name: [name])], "model.pretrained_model_name_or_path")
     return model
 
 

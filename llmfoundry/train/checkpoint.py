@@ -115,6 +115,16 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
+def model_state(model: torch.nn.Module) -> dict[str, Any]:
+    """The model state a checkpoint holds: all of it, or only the trained parameters of a LoRA model whose recipe
+    says should_save_peft_only (the frozen base comes from its pretrained folder again on load, as in Composer)."""
+    state = get_model_state_dict(model)
+    if not getattr(model, "saves_adapters_only", False):
+        return state
+    trained = {name for name, param in model.named_parameters() if param.requires_grad}
+    return {name: value for name, value in state.items() if name in trained}
+
+
 def save_checkpoint(
     folder: str | Path,
     name: str,
@@ -152,7 +162,7 @@ def save_checkpoint(
     dist.barrier()
     target.mkdir(parents=True, exist_ok=True)  # every rank: a staging folder may be local to each node
 
-    state: dict[str, Any] = {"model": get_model_state_dict(model)}
+    state: dict[str, Any] = {"model": model_state(model)}
     skip_optimizer = bool(ignore) and ignore.section("optimizer")
     if optimizer is not None and not weights_only and not skip_optimizer:
         state["optimizer"] = get_optimizer_state_dict(model, optimizer)
@@ -205,7 +215,9 @@ def load_checkpoint(
     rank0_file = path / "rank0.pt"
     rank0 = _read_small_state(rank0_file) if rank0_file.exists() else {}
     with_optimizer = not weights_only and optimizer is not None and not rank0.get("weights_only", False)
-    state: dict[str, Any] = {"model": get_model_state_dict(model)}
+    state: dict[str, Any] = {"model": model_state(model)}
+    if getattr(model, "saves_adapters_only", False):  # the frozen base is not in the checkpoint
+        options = StateDictOptions(strict=False)
     if ignore:
         with_optimizer = with_optimizer and not ignore.section("optimizer")
         state["model"] = {k: v for k, v in state["model"].items() if not ignore.model_key(k)}

@@ -31,6 +31,13 @@ A model built on the meta device (``init_device: meta``) is materialised block b
 initialised with the model's per-module initialiser (``_init_weights``; the same values on every rank, from the
 seed) and sharded right away, so a rank holds its shards plus at most one full block. Models without a per-module
 initialiser are sharded first, then ``to_empty`` + ``init_parameters()`` run on the shards.
+
+A meta model built from a pretrained folder (``init_device: meta | mixed``; the builder attaches a
+``models.pretrained_weights.PretrainedWeights``) initialises only what the folder lacks (rotary tables, new LoRA
+adapters); the tensors the folder holds stay on meta through sharding, then each rank allocates its shards and
+reads just those slices from the safetensors files. A node thus holds about one copy of the weights however many
+ranks it runs; llm-foundry's ``mixed`` (rank 0 reads everything, ``sync_module_states`` broadcasts) gives the same
+weights with a full copy on rank 0.
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ from torch.utils.checkpoint import checkpoint
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.core.notices import notice_once
 from llmfoundry.core.precision import DTYPES, low_dtype
+from llmfoundry.models.pretrained_weights import PretrainedWeights
 from llmfoundry.train.settings import CompileConfig, FSDPConfig
 
 log = logging.getLogger(__name__)
@@ -137,17 +145,24 @@ def apply_fsdp(model: nn.Module, cfg: FSDPConfig, precision: str, device: torch.
                   offload_policy=CPUOffloadPolicy() if cfg.cpu_offload else OffloadPolicy())
     blocks = model.blocks()
     init_module = _module_init(model) if is_meta(model) else None
+    files = pretrained_files(model) if init_module is not None else None
+    provided = files.provided(model) if files is not None else set()
     in_blocks = {id(m) for block in blocks for m in block.modules()}
+    allocated: dict = {}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         for i, block in enumerate(blocks):
             if init_module is not None:  # materialise this block in full (same values on every rank), then shard it
-                _materialize_modules(block.modules(), device, init_module)
+                _materialize_modules(block.modules(), device, init_module, provided, allocated)
             if cfg.auto_wrap:  # the last block's parameters are needed right away by backward: keep them gathered
                 fully_shard(block, reshard_after_forward=reshard and i < len(blocks) - 1, **kwargs)
         if init_module is not None:
-            _materialize_modules((m for m in model.modules() if id(m) not in in_blocks), device, init_module)
+            _materialize_modules((m for m in model.modules() if id(m) not in in_blocks), device, init_module, provided,
+                                 allocated)
     fully_shard(model, reshard_after_forward=reshard, **kwargs)
+    if files is not None:  # the tensors the files hold stayed on meta through sharding: allocate the shards, read them
+        allocate_meta(model, "cpu" if cfg.cpu_offload else device)
+        files.fill(model)
     if cfg.auto_wrap:
         set_prefetching(blocks, cfg)
     return model
@@ -207,12 +222,44 @@ def _module_init(model: nn.Module):
     return init if callable(init) else None
 
 
-def _materialize_modules(modules, device: torch.device, init_module) -> None:
+def _materialize_modules(modules, device: torch.device, init_module, provided: set[int] = frozenset(),
+                         allocated: dict | None = None) -> None:
+    """Allocate and initialise the modules with meta tensors, except those whose meta tensors all come from
+    pretrained files (ids in ``provided``): they stay on meta, to be allocated (sharded) and read later."""
+    allocated = {} if allocated is None else allocated
     for module in modules:
         own = list(module.parameters(recurse=False)) + list(module.buffers(recurse=False))
-        if any(t.is_meta for t in own):
-            module.to_empty(device=device, recurse=False)
+        if any(t.is_meta and id(t) not in provided for t in own):
+            _allocate_own(module, device, allocated)
             init_module(module)
+
+
+def allocate_meta(model: nn.Module, device: torch.device | str) -> None:
+    """Storage (uninitialised) for every meta tensor of ``model``, tied weights kept tied (unlike ``to_empty``)."""
+    allocated: dict = {}
+    for module in model.modules():
+        _allocate_own(module, device, allocated)
+
+
+def _allocate_own(module: nn.Module, device: torch.device | str, allocated: dict) -> None:
+    """Storage for ``module``'s own meta tensors (FSDP2 shards stay shards). A tensor several modules share (tied
+    embeddings) is allocated once and stays shared; ``to_empty`` would give each module a copy of its own.
+    ``allocated``: id of a meta tensor -> (that tensor, kept so the id is not reused; its replacement)."""
+    for tensors in (module._parameters, module._buffers):
+        for key, tensor in tensors.items():
+            if tensor is None or not tensor.is_meta:
+                continue
+            if id(tensor) not in allocated:
+                empty = torch.empty_like(tensor, device=device)
+                if isinstance(tensor, nn.Parameter):
+                    empty = nn.Parameter(empty, requires_grad=tensor.requires_grad)
+                allocated[id(tensor)] = (tensor, empty)
+            tensors[key] = allocated[id(tensor)][1]
+
+
+def pretrained_files(model: nn.Module) -> PretrainedWeights | None:
+    """Where a meta-built model's pretrained weights are read from (set by the model builder), or None."""
+    return getattr(model, "pretrained_weights", None)
 
 
 # ----------------------------------------------------------------------------------------------- entry point
@@ -260,14 +307,26 @@ def parallelize(model: nn.Module, *, fsdp: FSDPConfig | None, compile_cfg: Compi
 
 
 def materialize(model: nn.Module, device: torch.device | str, seed: int) -> None:
-    """Allocate a meta-device model's (possibly sharded) parameters and initialise them with the model's init."""
+    """Allocate a meta-device model's (possibly sharded) parameters and initialise them with the model's init;
+    a model built from pretrained files then reads them (only tensors the files lack are initialised, when the
+    model has a per-module initialiser)."""
+    files, init_module = pretrained_files(model), _module_init(model)
+    if files is not None and init_module is not None:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            _materialize_modules(model.modules(), device, init_module, files.provided(model))
+        allocate_meta(model, device)
+        files.fill(model)
+        return
     init = getattr(model, "init_parameters", None) or getattr(model, "reset_parameters", None)
     if init is None:
         raise ConfigError("model.init_device: 'meta' needs a model with init_parameters() (use init_device: cpu)")
-    model.to_empty(device=device)
+    allocate_meta(model, device)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         init()
+    if files is not None:
+        files.fill(model)
 
 
 @contextlib.contextmanager

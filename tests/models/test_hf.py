@@ -8,6 +8,7 @@ from llmfoundry.core.errors import ConfigError
 from llmfoundry.models.hf import HFModelSettings
 from llmfoundry.models.hf_export import export_hf
 from llmfoundry.registry import models
+from llmfoundry.train import parallel
 from tests.models.helpers import randomize_norms, tiny_model
 
 LLAMA_LIKE = dict(
@@ -140,9 +141,34 @@ def test_llm_foundry_loading_keys_load_the_same_weights_and_say_what_differs(lla
     with caplog.at_level("WARNING", logger="llmfoundry"):
         mixed = build(tokenizer, pretrained_model_name_or_path=str(llama_dir), init_device="mixed",
                       use_auth_token="hf_secret_value")  # a local folder: the token is never needed
-    torch.testing.assert_close(mixed(x).logits, reference(x).logits)
-    assert "model.init_device: 'mixed' reads the pretrained weights on every rank" in caplog.text
+    assert parallel.is_meta(mixed)  # the weights are read after sharding (tests/models/test_pretrained_loading.py)
+    parallel.materialize(mixed, "cpu", seed=0)
+    torch.testing.assert_close(mixed.eval()(x).logits, reference(x).logits)
     assert "hf_secret_value" not in caplog.text
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match=r"^model.load_in_8bit: needs a CUDA GPU"):
             build(tokenizer, pretrained_model_name_or_path=str(llama_dir), load_in_8bit=True)
+
+
+@pytest.mark.parametrize("adapters_only", [True, False])
+def test_should_save_peft_only_checkpoints_hold_the_adapters_alone(llama_dir, tokenizer, tmp_path, adapters_only):
+    from llmfoundry.train.checkpoint import load_checkpoint, save_checkpoint
+    from llmfoundry.train.dcp_reading import read_metadata_file
+
+    peft_config = {"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+    settings = dict(pretrained_model_name_or_path=str(llama_dir), peft_config=peft_config,
+                    should_save_peft_only=adapters_only)
+    model = build(tokenizer, **settings).train()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.add_(0.5)  # adapters that change the output
+    save_checkpoint(tmp_path, "ep0-ba1", model=model, optimizer=None, trainer_state={}, loader_state=None,
+                    config={}, tokenizer=None, overwrite=True)
+    metadata = read_metadata_file(tmp_path / "ep0-ba1" / ".metadata")
+    saved = [k for k in metadata.state_dict_metadata if k.startswith("model.")]
+    assert all("lora_" in k for k in saved) == adapters_only and saved
+    fresh = build(tokenizer, **settings).eval()
+    load_checkpoint(tmp_path / "ep0-ba1", model=fresh, optimizer=None, weights_only=True)
+    x = torch.randint(2, 512, (2, 16))
+    torch.testing.assert_close(fresh(x).logits, model.eval()(x).logits)

@@ -29,6 +29,7 @@ from llmfoundry.config.fields import option
 from llmfoundry.core.errors import ConfigError, did_you_mean
 from llmfoundry.models.layers.ffn import activation_problem
 from llmfoundry.models.layers.positional import ROPE_SCALING_KEYS, ROPE_SCALING_REQUIRED
+from llmfoundry.models.metrics import MetricSettings
 from llmfoundry.models.mpt.act_ckpt import target_problems
 from llmfoundry.models.mpt.block_overrides import check_block_overrides
 
@@ -133,9 +134,10 @@ class MPTArch:
     logit_scale: float | str | None = option(None, "multiply logits by this number or 'inv_sqrt_d_model'")
     final_logit_softcapping: float | None = option(None, "cap output logits with cap * tanh(logit / cap)")
     embedding_fraction: float = option(1.0, "scale the embedding gradient by this fraction (GLM-130B trick)")
-    init_device: Literal["cpu", "meta"] = option(
-        "cpu", "where parameters are created; meta defers allocation until the trainer materialises shards"
-    )
+    init_device: Literal["cpu", "meta", "mixed"] = option(
+        "cpu", "where parameters are created; meta defers allocation until the trainer materialises shards",
+        differs="mixed is meta here: every rank builds on meta and reads (or initialises) only its own shards, "
+                "where llm-foundry builds on rank 0's CPU and broadcasts")
     use_cache: bool = option(False, "return a KV cache from forward by default")
     fc_type: str | dict[str, Any] = option("torch", "linear layer implementation: torch (or {name: torch}); te is refused")
     use_pad_tok_in_ffn: bool = option(
@@ -395,7 +397,7 @@ def resolve_attn_impl(impl: str) -> str:
 
 
 @dataclass
-class MPTModelSettings(MPTArch):
+class MPTModelSettings(MPTArch, MetricSettings):  # MetricSettings: use_train_metrics, ...
     """The `model:` section for `name: mpt_causal_lm`: the architecture plus where to start from."""
 
     pretrained_model_name_or_path: str | None = option(

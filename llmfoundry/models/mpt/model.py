@@ -135,7 +135,7 @@ class MPTForCausalLM(MPTPreTrainedModel, GenerationMixin):
         self.arch = arch = config.arch()
         # init_device: meta creates parameters without storage; the trainer materialises them shard by shard
         # (to_empty) and then calls init_parameters().
-        with torch.device("meta") if arch.init_device == "meta" else contextlib.nullcontext():
+        with torch.device("meta") if arch.init_device in ("meta", "mixed") else contextlib.nullcontext():
             self.transformer = MPTModel(arch)
             self.lm_head = None if arch.tie_word_embeddings else nn.Linear(arch.d_model, arch.vocab_size, bias=False)
         self.logit_scale = 1 / math.sqrt(arch.d_model) if arch.logit_scale == "inv_sqrt_d_model" else arch.logit_scale

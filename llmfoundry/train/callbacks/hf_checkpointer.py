@@ -180,7 +180,7 @@ class HFCheckpointer(Callback):
     def _model_copy(self, trainer):
         cfg = trainer.cfg
         settings = cfg.model.settings
-        if dataclasses.is_dataclass(settings) and getattr(settings, "init_device", None) == "meta":
+        if dataclasses.is_dataclass(settings) and getattr(settings, "init_device", None) in ("meta", "mixed"):
             settings = dataclasses.replace(settings, init_device="cpu")
         return build_model(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, settings=settings)),
                            trainer.tokenizer)
