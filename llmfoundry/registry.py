@@ -100,6 +100,8 @@ callbacks = Registry("callbacks", provider_modules=("llmfoundry.train.callbacks"
 loggers = Registry("loggers", provider_modules=("llmfoundry.train.loggers",))
 icl_task_types = Registry("icl_task_types", provider_modules=("llmfoundry.eval.icl",))
 metrics = Registry("metrics", provider_modules=("llmfoundry.eval.icl",))
+# finetuning record formatters, by name or by the hf_name they format (llm-foundry's dataset_constructor.register)
+preprocessors = Registry("preprocessors", provider_modules=("llmfoundry.data.preprocessors",))
 
 
 def import_code_paths(paths: list[str] | None, key: str = "code_paths") -> None:

@@ -14,6 +14,8 @@ YAML (llm-foundry's shape)::
         target_prompts: none              # none | all | length>=N
         target_responses: last            # last | all
         packing_ratio: auto               # or a number (examples per row), or null for no packing
+        preprocessing_fn: null            # unset: the one registered for hf_name (e.g. tatsu-lab/alpaca), if any
+        safe_load: false                  # true: only .csv/.json/.jsonl/.parquet files are read
         shuffle: true
       drop_last: true
 
@@ -40,7 +42,15 @@ from llmfoundry.config.checks import PositiveInt
 from llmfoundry.config.fields import option
 from llmfoundry.core import objectstore
 from llmfoundry.core.errors import ConfigError
-from llmfoundry.data.sources import callable_from_spec, iter_records, load_hf_split, mp_context
+from llmfoundry.core.notices import notice_once
+from llmfoundry.data.preprocessors import (
+    PreprocessingError,
+    column_mapping_problems,
+    describe_preprocessor,
+    resolve_preprocessor,
+)
+from llmfoundry.data.safe_load import check_files, check_folder, safe_dataset_folder
+from llmfoundry.data.sources import iter_records, load_hf_split, mp_context
 from llmfoundry.data.text import IGNORE_INDEX, StreamingOptions, WorkerCount, dataloader_problems
 
 log = logging.getLogger(__name__)
@@ -62,7 +72,25 @@ class FinetuningDatasetSettings(StreamingOptions):
     )
     hf_name: str | None = option(None, "a hub id, a local dataset folder, 'json' (with hf_kwargs.data_files), or s3://folder")
     hf_kwargs: dict[str, Any] = option(default_factory=dict, doc="passed to datasets.load_dataset (e.g. data_files)")
-    preprocessing_fn: str | None = option(None, "module:function mapping a raw example to prompt/response or messages")
+    preprocessing_fn: str | dict[str, str] | None = option(
+        None, "how raw records become examples: a registered name (unset: the one registered for hf_name, e.g. "
+        "tatsu-lab/alpaca), module:function, or a column mapping {prompt: COLUMN, response: COLUMN}"
+    )
+    safe_load: bool | None = option(
+        None, "read only .csv/.json/.jsonl/.parquet files (a hub dataset is downloaded with only those); no loading "
+        "scripts, pickle or arrow files",
+        differs="with hf_name json/csv/parquet (data_files, data_dir) or a local .jsonl file, the files' types are "
+        "checked and read (llm-foundry tries to download such a name from the hub and fails)",
+    )
+    eos_token_id: int | None = option(
+        None, "accepted from llm-foundry recipes and unused, as there: responses end with the tokenizer's EOS (a "
+        "different id prints a notice)"
+    )
+    mapping: dict[str, Any] | None = option(
+        None, "not an llm-foundry finetuning key (it ignores it): map columns with preprocessing_fn: "
+        "{prompt: COLUMN, response: COLUMN}",
+        differs="an error here; llm-foundry warns that it is an extraneous key and ignores it",
+    )
     max_seq_len: PositiveInt = option(2048, "tokens per row; longer examples are truncated")
     decoder_only_format: bool = option(True, "prompt and response in one sequence (false: encoder-decoder style)")
     target_prompts: str = option("none", "which prompt tokens carry loss: none, all, or length>=N")
@@ -86,6 +114,16 @@ class FinetuningDatasetSettings(StreamingOptions):
         problems = super().check_settings(path)
         if self.is_mds and self.hf_name:
             problems.append(f"{path}: set hf_name or remote/local/streams, not both")
+        elif self.is_mds:  # llm-foundry refuses these with MDS data too (eos_token_id: streaming's TypeError)
+            stray = {"hf_kwargs": bool(self.hf_kwargs), "preprocessing_fn": self.preprocessing_fn is not None,
+                     "safe_load": self.safe_load is not None, "eos_token_id": self.eos_token_id is not None}
+            problems += [f"{path}.{name}: applies to hf_name records, not MDS data (remote/local/streams); remove it"
+                         for name, is_set in stray.items() if is_set]
+        if isinstance(self.preprocessing_fn, dict):
+            problems += column_mapping_problems(self.preprocessing_fn, f"{path}.preprocessing_fn")
+        if self.mapping is not None:
+            problems.append(f"{path}.mapping: not a key of llm-foundry's finetuning dataset (it would ignore it); "
+                            f"write the column mapping as preprocessing_fn: {{prompt: COLUMN, response: COLUMN}}")
         try:
             prompt_target_length(self.target_prompts, path)
         except ConfigError as error:
@@ -124,6 +162,8 @@ def load_raw_examples(ds: FinetuningDatasetSettings, key: str) -> list[tuple[str
     """(where, raw example) pairs of the configured split; ``where`` names file and line for error messages."""
     name, split = ds.hf_name, ds.split or "train"
     data_files = ds.hf_kwargs.get("data_files")
+    if ds.safe_load:
+        name = _safely_loadable(ds, key)
     if name is not None and objectstore.is_remote(name):
         path = objectstore.join(name, f"{split}.jsonl")
         if objectstore.read_bytes(path) is None:
@@ -153,6 +193,23 @@ def load_raw_examples(ds: FinetuningDatasetSettings, key: str) -> list[tuple[str
     if not records:
         raise ConfigError(f"{key}: split '{split}' of '{name}' is empty; point hf_name/hf_kwargs at data with examples")
     return records
+
+
+def _safely_loadable(ds: FinetuningDatasetSettings, key: str) -> str | None:
+    """``hf_name`` when safe_load allows reading it (for a hub id: the folder its plain data files were downloaded
+    to); a one-line error naming the first file of another type otherwise."""
+    name = ds.hf_name
+    data_files = ds.hf_kwargs.get("data_files")
+    if data_files is not None:
+        values = data_files.values() if isinstance(data_files, dict) else [data_files]
+        check_files([f for value in values for f in ([value] if isinstance(value, str) else value)], key)
+    if name is None or objectstore.is_remote(name) or (name.endswith((".jsonl", ".json")) and os.path.isfile(name)):
+        return name  # read by our own JSON reader
+    if name in ("json", "csv", "parquet"):  # a file-type builder: only its data files and data_dir are read
+        if ds.hf_kwargs.get("data_dir"):
+            check_folder(str(ds.hf_kwargs["data_dir"]), key)
+        return name
+    return safe_dataset_folder(name, ds.hf_kwargs, key)
 
 
 # ----------------------------------------------------------------------------------------------- tokenizing
@@ -264,10 +321,24 @@ def build_encdec_example(turns, ds: FinetuningDatasetSettings) -> dict[str, list
     return {"input_ids": input_ids, "labels": labels}
 
 
-def _preprocessor(ds: FinetuningDatasetSettings, key: str):
-    if not ds.preprocessing_fn:
+def _preprocessor(ds: FinetuningDatasetSettings, key: str, preprocess_records: bool = True):
+    """The function formatting each record (llm-foundry's choice: see preprocessors.py), or None."""
+    if not preprocess_records:
         return None
-    return callable_from_spec(ds.preprocessing_fn, f"{key}.preprocessing_fn")
+    return resolve_preprocessor(ds.preprocessing_fn, ds.hf_name, f"{key}.preprocessing_fn")
+
+
+def _preprocessed(preprocess, raw: dict, ds: FinetuningDatasetSettings, where: str) -> dict:
+    try:
+        example = preprocess(raw)
+    except (PreprocessingError, KeyError, TypeError, ValueError) as error:
+        why = f"missing field {error}" if isinstance(error, KeyError) else str(error)
+        raise ConfigError(f"{where}: {describe_preprocessor(ds.preprocessing_fn, ds.hf_name)} cannot format this "
+                          f"record ({why}); set dataset.preprocessing_fn to one that fits these records") from None
+    if not isinstance(example, dict):
+        raise ConfigError(f"{where}: {describe_preprocessor(ds.preprocessing_fn, ds.hf_name)} returned "
+                          f"{type(example).__name__}, expected a dict")
+    return example
 
 
 def _build_examples(tokenizer, ds: FinetuningDatasetSettings, key: str, preprocess, items) -> list[dict | None]:
@@ -275,9 +346,7 @@ def _build_examples(tokenizer, ds: FinetuningDatasetSettings, key: str, preproce
     out: list[dict[str, list[int]] | None] = []
     for where, raw in items:
         if preprocess is not None:
-            raw = preprocess(raw)
-            if not isinstance(raw, dict):
-                raise ConfigError(f"{where}: {ds.preprocessing_fn} returned {type(raw).__name__}, expected a dict")
+            raw = _preprocessed(preprocess, raw, ds, where)
         turns = tokenize_example(tokenizer, raw, where)
         out.append(build_example(turns, ds, key) if ds.decoder_only_format else build_encdec_example(turns, ds))
     return out
@@ -286,10 +355,11 @@ def _build_examples(tokenizer, ds: FinetuningDatasetSettings, key: str, preproce
 _worker_state: tuple | None = None
 
 
-def _init_example_worker(tokenizer, ds: FinetuningDatasetSettings, key: str) -> None:
+def _init_example_worker(tokenizer, ds: FinetuningDatasetSettings, key: str, preprocess_records: bool) -> None:
     global _worker_state
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one process per core already
-    _worker_state = (tokenizer, ds, key, _preprocessor(ds, key))  # the preprocessor is imported in each worker
+    # the preprocessor is imported in each worker
+    _worker_state = (tokenizer, ds, key, _preprocessor(ds, key, preprocess_records))
 
 
 def _build_examples_in_worker(items) -> list[dict | None]:
@@ -304,14 +374,19 @@ class FinetuningDataset(torch.utils.data.Dataset):
     the same as with one.
     """
 
-    def __init__(self, tokenizer, ds: FinetuningDatasetSettings, key: str, *, num_workers: int = 1):
-        preprocess = _preprocessor(ds, key)
+    def __init__(self, tokenizer, ds: FinetuningDatasetSettings, key: str, *, num_workers: int = 1,
+                 preprocess_records: bool = True):
+        if ds.eos_token_id is not None and ds.eos_token_id != tokenizer.eos_token_id:
+            notice_once(f"{key}.eos_token_id: {ds.eos_token_id} is not the tokenizer's EOS id "
+                        f"{tokenizer.eos_token_id}; responses end with the tokenizer's EOS, as in llm-foundry "
+                        "(which ignores this key for finetuning data)")
+        preprocess = _preprocessor(ds, key, preprocess_records)
         raw = load_raw_examples(ds, key)
         if num_workers > 1 and len(raw) > 1:
             per_chunk = max(1, min(1000, math.ceil(len(raw) / (num_workers * 4))))
             chunks = [raw[i : i + per_chunk] for i in range(0, len(raw), per_chunk)]
             with mp_context().Pool(min(num_workers, len(chunks)), initializer=_init_example_worker,
-                                   initargs=(tokenizer, ds, key)) as pool:
+                                   initargs=(tokenizer, ds, key, preprocess_records)) as pool:
                 built = [example for part in pool.imap(_build_examples_in_worker, chunks) for example in part]
         else:
             built = _build_examples(tokenizer, ds, key, preprocess, raw)

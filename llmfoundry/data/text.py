@@ -91,6 +91,9 @@ class StreamingOptions:
     validate_hash: str | None = option(None, "hash algorithm to verify shards with (e.g. sha1)")
     keep_zip: bool = option(False, "keep compressed shards after decompressing them")
     replication: int | None = option(None, "ranks that see the same samples (sequence parallelism)")
+    allow_unsafe_types: bool = option(
+        False, "read shards with pickle (pkl) columns, which can run code when loaded; false refuses them"
+    )
 
     def check_settings(self, path: str) -> list[str]:
         if self.streams and (self.remote is not None or self.local is not None):
@@ -260,6 +263,7 @@ def streaming_kwargs(settings: StreamingOptions, batch_size: int, key: str) -> d
         sampling_granularity=settings.sampling_granularity,
         batching_method=settings.batching_method,
         replication=settings.replication,
+        allow_unsafe_types=settings.allow_unsafe_types,
     )
 
 
@@ -295,6 +299,11 @@ def make_streaming_dataset(cls, settings: StreamingOptions, batch_size: int, key
         raise
     except Exception as error:
         text = " ".join(str(error).split())
+        if "contains an unsafe type" in text:  # streaming refuses pickle columns unless allow_unsafe_types
+            raise ConfigError(
+                f"{key}.allow_unsafe_types: the MDS data at {_sources(settings)} has a pickle column ({text[:120]}); "
+                "set allow_unsafe_types: true only if you trust whoever wrote it"
+            ) from None
         if "contains no samples" in text:
             index = text.split("contains no samples:", 1)[-1].strip(" .") or _sources(settings)
             raise ConfigError(

@@ -29,7 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data_subset", default=None, help="dataset config name")
     parser.add_argument("--splits", nargs="+", default=["train"], help="splits to convert")
     parser.add_argument("--data_files", nargs="*", default=None, help="data files (with --dataset json)")
-    parser.add_argument("--preprocessor", default=None, help="module:function mapping a raw example to prompt/response")
+    parser.add_argument("--preprocessor", default=None,
+                        help="a registered preprocessor name or module:function mapping a raw record to prompt/response "
+                             "or messages (default: the one registered for --dataset, if any)")
     parser.add_argument("--out_root", required=True, help="MDS output folder, local or s3://")
     parser.add_argument("--compression", default="zstd", help="shard compression ('none' for none)")
     parser.add_argument("--tokenizer", required=True, help="HF tokenizer id/folder, .model file, or tiktoken")
@@ -43,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--encoder_decoder", action="store_true",
                         help="llm-foundry's name for --no-decoder_only_format (context -> input_ids, response -> labels)")
     parser.add_argument("--skip-preprocessing", "--skip_preprocessing", dest="skip_preprocessing", action="store_true",
-                        help="examples are already prompt/response or messages (the default without --preprocessor)")
+                        help="records are already prompt/response or messages: no preprocessor, not even the one "
+                             "registered for --dataset")
     parser.add_argument("--local", default=None,
                         help="also keep the shards in this local folder when --out_root is remote (s3://)")
     parser.add_argument("--num_workers", "--processes", dest="num_workers", type=int, default=None,
@@ -82,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
             decoder_only_format=args.decoder_only_format,
         )
         log.info("tokenizing split '%s' of %s in %d process(es)", split, name, workers)
-        dataset = FinetuningDataset(tokenizer, settings, f"--dataset ({split})", num_workers=workers)
+        dataset = FinetuningDataset(tokenizer, settings, f"--dataset ({split})", num_workers=workers,
+                                    preprocess_records=not args.skip_preprocessing)
         out = objectstore.join(args.out_root, split)
         common.check_output_empty(out)
         columns = {"input_ids": f"ndarray:{signed}", "labels": f"ndarray:{signed}"}

@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import os
+import sys
 import time
 from dataclasses import asdict
 
@@ -36,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenizer_kwargs", default=None, help="JSON object of tokenizer kwargs")
     parser.add_argument("--bos_text", default="", help="text put before every document (e.g. the BOS token)")
     parser.add_argument("--eos_text", default=None, help="text put after every document (default: the EOS token)")
+    parser.add_argument("--use_tokenizer_eos", action="store_true",
+                        help="put the tokenizer's EOS token after every document (llm-foundry's flag; its default "
+                             "here, so this only silences the notice; not with --eos_text)")
     parser.add_argument("--no_wrap", action="store_true",
                         help="a document that fills a sample ends there: the rest of it is dropped, not wrapped")
     parser.add_argument("--compression", default="zstd", help="shard compression (zstd, gz, ...; 'none' for none)")
@@ -97,12 +101,26 @@ def merge_group_indexes(output: str, parts: list[str]) -> int:
     return sum(s["samples"] for s in shards)
 
 
+def _eos_text(args, tokenizer) -> str:
+    """What ends each document: --eos_text, else the tokenizer's EOS token (said once, as llm-foundry's converter
+    appends nothing unless --use_tokenizer_eos is given)."""
+    if args.use_tokenizer_eos and args.eos_text is not None:
+        raise ConfigError("--use_tokenizer_eos: set it or --eos_text, not both")
+    if args.eos_text is not None:
+        return args.eos_text
+    if not args.use_tokenizer_eos:
+        print(f"notice: --eos_text is not set: documents end with the tokenizer's EOS token {tokenizer.eos_token!r} "
+              "(llm-foundry's convert_text_to_mds appends nothing unless --use_tokenizer_eos; pass --eos_text '' for "
+              "that)", file=sys.stderr, flush=True)
+    return tokenizer.eos_token
+
+
 def convert(args) -> dict:
     compression = None if str(args.compression).lower() in ("none", "") else args.compression
     tokenizer_kwargs = common.tokenizer_kwargs_from_args(args)  # with trust_remote_code: the workers get it too
     tokenizer = build_tokenizer(args.tokenizer, tokenizer_kwargs, cli=True)
     common.require_eos(tokenizer)
-    eos_text = tokenizer.eos_token if args.eos_text is None else args.eos_text
+    eos_text = _eos_text(args, tokenizer)
     spec = ConcatSpec(args.concat_tokens, args.bos_text or "", eos_text or "", args.no_wrap)
     if spec.concat_tokens <= 0:
         raise ConfigError(f"--concat_tokens: expected a positive sample length, got {spec.concat_tokens}")
