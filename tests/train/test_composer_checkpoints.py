@@ -194,22 +194,23 @@ def test_a_composer_checkpoint_in_s3_resumes(s3_server, fixture_data, tmp_path):
                            saved.model["transformer.wte.weight"])
 
 
-def test_convert_to_a_checkpoint_of_ours_keeps_the_whole_training_state(fixture_data, tmp_path):
+@pytest.mark.parametrize("name", ["mpt_monolithic", "mpt_sharded"])
+def test_convert_to_a_checkpoint_of_ours_keeps_the_whole_training_state(name, fixture_data, tmp_path):
     """--recipe: the Composer checkpoint becomes a DCP checkpoint of this project; a run resumed from that one
     trains batches 3 and 4 as llm-foundry did."""
     import yaml
 
     from llmfoundry.cli import main
 
-    recipe = resumed_recipe("mpt_monolithic", fixture_data, tmp_path)
+    recipe = resumed_recipe(name, fixture_data, tmp_path)
     recipe.pop("load_path")
     recipe_file = tmp_path / "recipe.yaml"
     recipe_file.write_text(yaml.safe_dump(recipe))
     out = tmp_path / "ours"
-    assert main(["convert", str(FIXTURES / CHECKPOINTS["mpt_monolithic"]), str(out), "--recipe", str(recipe_file)]) == 0
+    assert main(["convert", str(FIXTURES / CHECKPOINTS[name]), str(out), "--recipe", str(recipe_file)]) == 0
     assert (out / "latest").read_text().strip() == "ep0-ba2"
 
-    reference = json.loads((FIXTURES / "mpt_monolithic.json").read_text())
+    reference = json.loads((FIXTURES / f"{name}.json").read_text())
     recorder = Recorder()
     trainer = make_trainer({**recipe, "load_path": str(out)})
     trainer.callbacks.append(recorder)
@@ -224,9 +225,9 @@ def test_autoresume_continues_a_save_folder_llm_foundry_wrote(fixture_data, tmp_
     llm-foundry would), then from this project's newer checkpoints written there."""
     folder = tmp_path / "run"
     folder.mkdir()
-    shutil.copy2(FIXTURES / CHECKPOINTS["mpt_monolithic"], folder / "ep0-ba2-rank0.pt")
+    shutil.copy2(FIXTURES / CHECKPOINTS[name], folder / "ep0-ba2-rank0.pt")
     (folder / "latest-rank0.pt").symlink_to("ep0-ba2-rank0.pt")
-    recipe = resumed_recipe("mpt_monolithic", fixture_data, tmp_path, load_path=None, autoresume=True,
+    recipe = resumed_recipe(name, fixture_data, tmp_path, load_path=None, autoresume=True,
                             save_folder=str(folder), save_interval="1ba", max_duration="3ba")
     trainer = make_trainer(recipe)
     trainer.fit()
