@@ -18,7 +18,6 @@ go (local or an object store) and when is train.checkpointer's job.
 from __future__ import annotations
 
 import os
-import pickle
 import random
 import re
 import shutil
@@ -41,7 +40,12 @@ from torch.distributed.checkpoint.state_dict import (
 
 from llmfoundry.core import dist
 from llmfoundry.core.errors import ConfigError, first_line
-from llmfoundry.train.dcp_reading import SafeFileSystemReader, SafeLoadPlanner, unwrap
+from llmfoundry.train.dcp_reading import (
+    SafeFileSystemReader,
+    SafeLoadPlanner,
+    load_plain,
+    unwrap,
+)
 
 LATEST = "latest"
 CONFIG_FILE = "config.yaml"
@@ -258,11 +262,7 @@ def load_checkpoint(
 def _read_small_state(path: Path) -> dict[str, Any]:
     """A ``rank{r}.pt`` file: tensors and plain types only. A file that needs anything else to unpickle (code a
     checkpoint from an untrusted store could run) is refused, never executed."""
-    try:
-        return torch.load(path, weights_only=True)
-    except pickle.UnpicklingError as error:
-        raise ConfigError(f"load_path: '{path}' holds more than tensors and plain values, refused unread "
-                          f"({first_line(error)})") from None
+    return load_plain(path, f"load_path: '{path}'")
 
 
 def _load_failure(error: BaseException) -> str:

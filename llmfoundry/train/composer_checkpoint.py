@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
+from safetensors.torch import save_file
+from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -36,8 +38,6 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.tensor import DTensor, distribute_tensor
-from torch.distributed.checkpoint.metadata import BytesStorageMetadata
-from safetensors.torch import save_file
 from torch.torch_version import TorchVersion
 
 from llmfoundry.core.errors import ConfigError, first_line

@@ -87,13 +87,13 @@ def refusal_reason(error: BaseException) -> str:
     return first_line(error)[:200]
 
 
-def load_plain(stream: io.BytesIO, where: str) -> Any:
-    """One non-tensor DCP value: tensors and plain types only (``torch.load(weights_only=True)``, plus whatever
-    ``torch.serialization.safe_globals`` allows around the call)."""
+def load_plain(source: io.BytesIO | str | pathlib.Path, where: str) -> Any:
+    """One non-tensor DCP value or a small state file: tensors and plain types only (``torch.load(weights_only=
+    True)``, plus whatever ``torch.serialization.safe_globals`` allows around the call); ``where`` names it."""
     try:
-        return torch.load(stream, weights_only=True)
+        return torch.load(source, weights_only=True)
     except pickle.UnpicklingError as error:
-        raise ConfigError(f"{where}: holds more than tensors and plain values, refused unread "
+        raise ConfigError(f"{where} holds more than tensors and plain values, refused unread "
                           f"({refusal_reason(error)})") from None
 
 

@@ -225,9 +225,9 @@ def test_autoresume_continues_a_save_folder_llm_foundry_wrote(fixture_data, tmp_
     llm-foundry would), then from this project's newer checkpoints written there."""
     folder = tmp_path / "run"
     folder.mkdir()
-    shutil.copy2(FIXTURES / CHECKPOINTS[name], folder / "ep0-ba2-rank0.pt")
+    shutil.copy2(FIXTURES / CHECKPOINTS["mpt_monolithic"], folder / "ep0-ba2-rank0.pt")
     (folder / "latest-rank0.pt").symlink_to("ep0-ba2-rank0.pt")
-    recipe = resumed_recipe(name, fixture_data, tmp_path, load_path=None, autoresume=True,
+    recipe = resumed_recipe("mpt_monolithic", fixture_data, tmp_path, load_path=None, autoresume=True,
                             save_folder=str(folder), save_interval="1ba", max_duration="3ba")
     trainer = make_trainer(recipe)
     trainer.fit()
