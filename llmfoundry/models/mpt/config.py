@@ -135,9 +135,8 @@ class MPTArch:
     final_logit_softcapping: float | None = option(None, "cap output logits with cap * tanh(logit / cap)")
     embedding_fraction: float = option(1.0, "scale the embedding gradient by this fraction (GLM-130B trick)")
     init_device: Literal["cpu", "meta", "mixed"] = option(
-        "cpu", "where parameters are created; meta defers allocation until the trainer materialises shards",
-        differs="mixed is meta here: every rank builds on meta and reads (or initialises) only its own shards, "
-                "where llm-foundry builds on rank 0's CPU and broadcasts")
+        "cpu", "where parameters are created; meta defers allocation until the trainer materialises shards; mixed "
+               "(llm-foundry: rank 0 on the CPU, the others on meta) is meta here: each rank makes only its shards")
     use_cache: bool = option(False, "return a KV cache from forward by default")
     fc_type: str | dict[str, Any] = option("torch", "linear layer implementation: torch (or {name: torch}); te is refused")
     use_pad_tok_in_ffn: bool = option(
