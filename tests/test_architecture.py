@@ -10,7 +10,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "llmfoundry"
 # Optional dependencies (extras, or heavy imports needed by one logger/feature only) may be imported where they
 # are used, so that llmfoundry works without them. Everything else is imported at the top of its module.
 OPTIONAL = {"peft", "lm_eval", "mlflow", "tensorboard", "torch.utils.tensorboard", "tiktoken", "flash_attn",
-            "datasets", "matplotlib", "wandb", "boto3", "botocore", "ray", "bitsandbytes"}
+            "datasets", "matplotlib", "wandb", "boto3", "botocore", "ray", "bitsandbytes",
+            "psutil", "pynvml"}
 MAX_LINES = 500
 
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 import argparse
 
 from llmfoundry.config.load import load_config
+from llmfoundry.commands.eval import validate_eval_recipe
 from llmfoundry.config.notes import recipe_notes
 from llmfoundry.core.errors import ConfigError
-from llmfoundry.eval.config import EvalConfig, load_eval_config
+from llmfoundry.eval.config import EvalConfig
 from llmfoundry.registry import import_code_paths
 from llmfoundry.train.recipe import TrainConfig, validate
 
@@ -27,7 +28,7 @@ def check_recipe(path: str, overrides: list[str]) -> tuple[str, list[tuple[str, 
     problems: list[str] = []
     try:
         if is_eval:
-            load_eval_config(plain)
+            validate_eval_recipe(plain)
         else:
             import_code_paths(plain.get("code_paths"))
             validate(plain, TrainConfig)

@@ -6,7 +6,9 @@ Face folder (``load_path`` or ``model.pretrained_model_name_or_path``) or one of
 (``load_path``), local or ``s3://``; a ``model`` section is validated and built as in training (see
 llmfoundry.loading). Prints a markdown table per model and the gauntlet table, writes ``results_path`` (JSON),
 logs to the recipe's ``loggers`` and, with ``plot_path``, draws a bar chart (gauntlet scores, or task accuracies
-without a gauntlet). Under torchrun the examples are split across ranks.
+without a gauntlet). Under torchrun the examples are split across ranks; with ``fsdp_config`` each model is also
+sharded across them (commands/eval_model.py). ``eval_loader`` / ``eval_loaders`` add language-modelling metrics
+(``metrics/eval/LanguageCrossEntropy``, ...) per model; ``callbacks`` run around each model's evaluation.
 """
 
 from __future__ import annotations
@@ -21,30 +23,42 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
 from llmfoundry import registry
+from llmfoundry.commands.eval_model import EvalRun, StepTime, evaluate_model
 from llmfoundry.config.load import load_config
-from llmfoundry.config.validate import to_plain
+from llmfoundry.config.secrets import mask_secrets
+from llmfoundry.config.validate import to_plain, validate
 from llmfoundry.core.dist import init_distributed
+from llmfoundry.core.notices import notice_once
+from llmfoundry.core.precision import supported_precision
 from llmfoundry.eval.config import EvalConfig, load_eval_config
 from llmfoundry.eval.gauntlet import (
-    compute_gauntlet,
     gauntlet_table,
     plot_gauntlet,
     plot_task_accuracies,
     tasks_table,
 )
 from llmfoundry.eval.icl.data import check_task_files
-from llmfoundry.eval.runner import ICLEvaluator
-from llmfoundry.loading import load_eval_model
 from llmfoundry.train.builders import build_named
+from llmfoundry.train.settings import FSDPConfig
 
 log = logging.getLogger("llmfoundry.eval")
 
 
 def read_config(path: str, overrides: list[str]) -> EvalConfig:
     """The validated recipe (YAML + key=value overrides as llm-foundry reads them + interpolation, then the schema)."""
-    return load_eval_config(load_config(path, overrides, EvalConfig))
+    return validate_eval_recipe(load_config(path, overrides, EvalConfig))
+
+
+def validate_eval_recipe(plain: dict[str, Any]) -> EvalConfig:
+    """An eval recipe's plain values validated; ``fsdp_config`` against the training recipe's FSDP settings (they
+    live in the train layer, above the eval recipe's schema)."""
+    cfg = load_eval_config(plain)
+    if cfg.fsdp_config is not None:
+        cfg.fsdp_config = validate(cfg.fsdp_config, FSDPConfig, "fsdp_config")
+    return cfg
 
 
 def build_loggers(cfg: EvalConfig, run_name: str) -> list:
@@ -58,16 +72,29 @@ def run_eval(cfg: EvalConfig) -> dict[str, dict[str, Any]]:
     """Evaluate every model; returns ``{model_name: {"metrics": ..., "gauntlet": ...}}`` (printed on rank 0)."""
     check_task_files(cfg.icl_tasks)  # a missing task file shows before any model is loaded
     info = init_distributed(cfg.dist_timeout)
+    cfg.precision, note = supported_precision(cfg.precision, info.device, doing="evaluates")
+    if note:
+        notice_once(note)
     torch.manual_seed(cfg.seed)
     results: dict[str, dict[str, Any]] = {}
     printed: list[str] = []
     # as llm-foundry: the recipe's run_name, else $RUN_NAME (llm-foundry then uses 'llm'; we generate one)
     run_name = cfg.run_name or os.environ.get("RUN_NAME") or time.strftime("eval-%Y%m%d-%H%M%S")
     loggers = build_loggers(cfg, run_name) if info.is_main else []
-    for logger in loggers:
-        logger.log_hyperparameters(to_plain(cfg))
+    callbacks = build_named(registry.callbacks, cfg.callbacks)
+    if cfg.log_config:
+        logged = mask_secrets(to_plain(cfg))
+        if info.is_main:
+            print(yaml.safe_dump(logged, sort_keys=False), flush=True)
+        for logger in loggers:
+            logger.log_hyperparameters(logged)
     try:
-        _evaluate_models(cfg, info, results, printed, loggers)
+        for step, spec in enumerate(cfg.models):
+            run = EvalRun(cfg, run_name, info, loggers, callbacks, StepTime(step))
+            results[spec.model_name] = result = evaluate_model(run, spec)
+            if info.is_main:
+                _show(spec.model_name, result, step, printed, loggers)
+            run.model = None  # the next model's weights replace these
     finally:
         for logger in loggers:
             logger.close()
@@ -76,37 +103,14 @@ def run_eval(cfg: EvalConfig) -> dict[str, dict[str, Any]]:
     return results
 
 
-def _evaluate_models(cfg: EvalConfig, info, results: dict, printed: list[str], loggers: list) -> None:
-    for step, spec in enumerate(cfg.models):
-        start = time.perf_counter()
-        model, tokenizer = load_eval_model(spec, info.device, max_seq_len=cfg.max_seq_len, precision=cfg.precision)
-        evaluator = ICLEvaluator(
-            cfg.icl_tasks,
-            tokenizer,
-            batch_size=cfg.device_eval_batch_size,
-            max_seq_len=cfg.max_seq_len,
-            precision=cfg.precision,
-            subset_num_batches=cfg.icl_subset_num_batches,
-            verbose=True,
-        )
-        metrics = evaluator.evaluate(model, info.device)
-        gauntlet = (
-            compute_gauntlet(metrics, cfg.eval_gauntlet, evaluator.sample_counts()) if cfg.eval_gauntlet else {}
-        )
-        results[spec.model_name] = {
-            "metrics": metrics,
-            "gauntlet": gauntlet,
-            "sample_counts": evaluator.sample_counts(),
-            "seconds": round(time.perf_counter() - start, 2),
-        }
-        if info.is_main:
-            table = f"## {spec.model_name}\n\n{tasks_table(metrics)}\n"
-            print(table, flush=True)
-            printed.append(table)
-            logged = {f"{spec.model_name}/{k}": float(v) for k, v in {**metrics, **gauntlet}.items()}
-            for logger in loggers:
-                logger.log_metrics(logged, step)
-        del model
+def _show(model_name: str, result: dict[str, Any], step: int, printed: list[str], loggers: list) -> None:
+    if any(k.startswith("icl/") for k in result["metrics"]):
+        table = f"## {model_name}\n\n{tasks_table(result['metrics'])}\n"
+        print(table, flush=True)
+        printed.append(table)
+    logged = {f"{model_name}/{k}": float(v) for k, v in {**result["metrics"], **result["gauntlet"]}.items()}
+    for logger in loggers:
+        logger.log_metrics(logged, step)
 
 
 def _write_outputs(cfg: EvalConfig, results: dict, printed: list[str]) -> None:

@@ -42,11 +42,11 @@ def bf16_supported(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_bf16_supported()
 
 
-def supported_precision(precision: str, device: torch.device) -> tuple[str, str | None]:
+def supported_precision(precision: str, device: torch.device, doing: str = "trains") -> tuple[str, str | None]:
     """(the policy this device runs, a one-line notice or None). amp_bf16 (llm-foundry's default) falls back to
-    fp32 where there is no bf16 GPU (llm-foundry refuses to run there)."""
+    fp32 where there is no bf16 GPU (llm-foundry refuses to run there). ``doing``: the run's verb in the notice."""
     if precision != "amp_bf16" or bf16_supported(device):
         return precision, None
     where = "a GPU without bf16" if device.type == "cuda" else f"{device.type} (no CUDA GPU)"
     return "fp32", (f"precision: amp_bf16 (llm-foundry's default) needs a CUDA GPU with bf16; this run is on "
-                    f"{where}, so it trains in fp32 (set precision: fp32 to say so)")
+                    f"{where}, so it {doing} in fp32 (set precision: fp32 to say so)")

@@ -21,10 +21,12 @@ import yaml
 from llmfoundry import registry
 from llmfoundry.config.checks import LogLevel
 from llmfoundry.config.fields import option
-from llmfoundry.config.validate import Check, RegisteredMap, validate
+from llmfoundry.config.validate import Check, Component, Registered, RegisteredMap, validate
 from llmfoundry.core import objectstore
 from llmfoundry.core.errors import ConfigError, did_you_mean
+from llmfoundry.core.timeunits import check_time
 from llmfoundry.eval.models import check_models
+from llmfoundry.eval.sections import finish_eval_sections
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +80,10 @@ class ICLTaskConfig:
     hf_parsing_map: dict[str, Any] = option({}, "{icl_key: [hf_column, ...]} joined with spaces, for hf:// URIs")
     metric_names: list[str] | None = option(
         None, "report only these metrics: accuracy, acc (language modeling too), acc_norm or another choice rule in "
-        "registry.metrics, or llm-foundry's metric class names (e.g. InContextLearningMultipleChoiceAccuracy = "
-        "accuracy) (none = every metric of the task type)"
+        "registry.metrics, expected_calibration_error (language modeling, multiple choice, schema: llm-foundry's "
+        "ECE, 10 buckets; only when listed), or llm-foundry's metric class names (e.g. "
+        "InContextLearningMultipleChoiceAccuracy = accuracy, InContextLearningMCExpectedCalibrationError = "
+        "expected_calibration_error) (none = every metric of the task type except expected_calibration_error)"
     )
     pass_at_k: int = option(1, "code evaluation: k", unsupported="code_evaluation tasks")
     generations_per_sample: int = option(1, "code evaluation: samples per prompt", unsupported="code_evaluation tasks")
@@ -190,11 +194,35 @@ class EvalModelConfig:
 @dataclass
 class EvalConfig:
     models: list[EvalModelConfig] = option(doc="models to evaluate")
-    icl_tasks: list[ICLTaskConfig] | str = option(doc="ICL tasks: a list or the path of a YAML file")
+    icl_tasks: list[ICLTaskConfig] | str | None = option(
+        None, "ICL tasks: a list or the path of a YAML file (an eval recipe needs icl_tasks or an eval loader)"
+    )
     eval_gauntlet: GauntletConfig | str | None = option(None, "gauntlet: a mapping or the path of a YAML file")
+    icl_tasks_str: str | None = option(
+        None, "llm-foundry's name for icl_tasks given as the path of a YAML file (set one of the two)"
+    )
+    eval_gauntlet_str: str | None = option(
+        None, "llm-foundry's name for eval_gauntlet given as the path of a YAML file (set one of the two)"
+    )
+    eval_loader: Annotated[Component, Registered(registry.dataloaders)] | list[dict[str, Any]] | None = option(
+        None, "language-modelling data (e.g. MDS text) scored with every model: metrics/eval/LanguageCrossEntropy, "
+        "LanguagePerplexity, TokenAccuracy; a list of labelled loaders is eval_loaders (as in llm-foundry)"
+    )
+    eval_loaders: list[dict[str, Any]] | None = option(
+        None, "several eval loaders, each a loader section with a 'label'; metrics are logged as "
+        "metrics/eval/<label>/LanguageCrossEntropy, ... (not together with eval_loader)"
+    )
+    eval_subset_num_batches: int = option(
+        -1, "score at most this many batches of each eval loader and each ICL task (-1 = all); as in llm-foundry, a "
+        "value other than -1 also replaces icl_subset_num_batches"
+    )
     max_seq_len: int = option(2048, "default context window of the tasks")
     device_eval_batch_size: int = option(16, "default sequences per forward pass")
-    precision: Literal["fp32", "amp_bf16", "amp_fp16", "bf16"] = option("fp32", "numeric precision of the model")
+    precision: Literal["fp32", "amp_bf16", "amp_fp16", "bf16"] = option(
+        "amp_bf16", "fp32; amp_bf16/amp_fp16 = autocast with fp32 weights; bf16 = weights and math in bf16. amp_bf16 "
+        "(llm-foundry's default) needs a CUDA GPU with bf16: elsewhere the models run in fp32 and a notice says so",
+        differs="without a CUDA GPU with bf16, amp_bf16 evaluates in fp32 with a notice (llm-foundry refuses to run)",
+    )
     seed: int = option(17, "random seed")
     dist_timeout: float = option(600.0, "seconds to wait for other ranks")
     run_name: str | None = option(None, "name of the run")
@@ -205,6 +233,15 @@ class EvalConfig:
         {}, "loggers by name with their settings, as in training (jsonl, wandb, ...): each model's task metrics and "
         "gauntlet scores are logged as {model_name}/icl/..., model i at step i"
     )
+    callbacks: Annotated[dict, RegisteredMap(registry.callbacks)] = option(
+        {}, "callbacks by name with their settings, as in training; their on_eval_start / on_eval_end hooks run "
+        "around each model's evaluation (e.g. eval_output_logging: a table of each ICL task's outputs)"
+    )
+    console_log_interval: Annotated[str | int, Check(check_time)] = option(
+        "1ba", "accepted for llm-foundry recipes; each model's results are printed once, when it is done (llm-foundry's "
+        "eval does not pass this key to its trainer either)"
+    )
+    log_config: bool = option(True, "print the resolved recipe (secrets masked) and log it to every logger")
     icl_subset_num_batches: int | None = option(
         None, "evaluate only the examples of each task's first N batches, in file order (as llm-foundry)"
     )
@@ -212,11 +249,33 @@ class EvalConfig:
         [], "Python files imported before the recipe is validated (they may register ICL task types, metrics, "
         "models, ... with llmfoundry.registry)"
     )
-    fsdp_config: dict[str, Any] | None = option(None, "FSDP settings", unsupported="fsdp_config in eval")
+    fsdp_config: dict[str, Any] | None = option(
+        None, "shard each model with FSDP2 across the ranks of a torchrun launch, with the training recipe's "
+        "fsdp_config keys (sharding_strategy, mixed_precision, ...): for models too large for one device; the "
+        "weights are read on the CPU first, then sharded onto the devices",
+        differs="every rank reads the whole model into CPU memory before sharding (llm-foundry can build it on meta)",
+    )
     model_gauntlet: Any = option(None, "old name of eval_gauntlet", unsupported="model_gauntlet (use eval_gauntlet)")
     python_log_level: LogLevel | None = option("info", "Python logging level (debug, info, warning, error, critical)")
     variables: dict[str, Any] = option({}, "values for ${variables.x} interpolation")
     metadata: dict[str, Any] = option({}, "free-form metadata")
+
+    def check_settings(self, path: str) -> list[str]:
+        """llm-foundry's aliases (icl_tasks_str, eval_gauntlet_str, a list under eval_loader) and eval_loaders'
+        labels; something to evaluate; no 8-bit model under FSDP (as llm-foundry)."""
+        prefix = f"{path}." if path else ""
+        problems = finish_eval_sections(self, prefix)
+        if not problems and self.icl_tasks is None and self.eval_loader is None and not self.eval_loaders:
+            problems.append(f"{prefix}icl_tasks: give icl_tasks (or icl_tasks_str) or an eval_loader: there is nothing "
+                            "to evaluate")
+        if not problems and self.eval_gauntlet is not None and self.icl_tasks is None:
+            problems.append(f"{prefix}eval_gauntlet: needs icl_tasks (the gauntlet averages ICL task accuracies)")
+        if self.fsdp_config is not None:
+            for i, spec in enumerate(self.models or []):
+                if isinstance(spec.model, dict) and spec.model.get("load_in_8bit"):
+                    problems.append(f"{prefix}models[{i}].model.load_in_8bit: cannot be sharded with fsdp_config "
+                                    "(as in llm-foundry); remove one of the two")
+        return problems
 
 
 def _read_yaml_file(path: str, key: str) -> Any:
@@ -257,6 +316,17 @@ LLM_FOUNDRY_METRICS = {
 }
 
 
+# llm-foundry's expected calibration error metrics, by the scoring of the tasks they apply to; computed only when
+# a task's metric_names asks for one, as in llm-foundry, and reported as `expected_calibration_error`
+CALIBRATION = "expected_calibration_error"
+CALIBRATION_METRICS = {
+    "InContextLearningLMExpectedCalibrationError": "greedy",
+    "InContextLearningMCExpectedCalibrationError": "choices",
+    "lm_expected_calibration_error": "greedy",
+    "mc_expected_calibration_error": "choices",
+}
+
+
 def headline_first(names: Iterable[str]) -> list[str]:
     """Metric names in the order they are shown: llm-foundry's ``accuracy`` (the headline number), then by name."""
     return sorted(names, key=lambda name: (name != "accuracy", name))
@@ -273,7 +343,13 @@ def selected_metrics(task: ICLTaskConfig) -> set[str] | None:
     """The metrics ``metric_names`` keeps (None = all): our names, or llm-foundry's class names mapped to ours."""
     if task.metric_names is None:
         return None
-    return {"accuracy" if n in LLM_FOUNDRY_METRICS else n for n in task.metric_names}
+    return {"accuracy" if n in LLM_FOUNDRY_METRICS else CALIBRATION if n in CALIBRATION_METRICS else n
+            for n in task.metric_names}
+
+
+def wants_calibration(task: ICLTaskConfig) -> bool:
+    """Whether the task's metric_names asks for the expected calibration error."""
+    return CALIBRATION in (selected_metrics(task) or ())
 
 
 def _check_metric_names(task: ICLTaskConfig, path: str) -> None:
@@ -282,13 +358,16 @@ def _check_metric_names(task: ICLTaskConfig, path: str) -> None:
     scoring = registry.icl_task_types.get(task.icl_task_type, key=f"{path}.icl_task_type").builder.scoring
     available = reported_metrics(scoring)
     problems = []
+    if scoring in ("greedy", "choices"):
+        available = [*available, CALIBRATION]
+    llm_foundry_names = {**LLM_FOUNDRY_METRICS, **CALIBRATION_METRICS}
     for name in task.metric_names:
-        if name in LLM_FOUNDRY_METRICS:
-            if LLM_FOUNDRY_METRICS[name] != scoring:
+        if name in llm_foundry_names:
+            if llm_foundry_names[name] != scoring:
                 problems.append(f"{path}.metric_names: {name} does not apply to {task.icl_task_type} tasks "
                                 f"({task.label})")
         elif name not in available:
-            known = [*available, *(n for n, kind in LLM_FOUNDRY_METRICS.items() if kind == scoring)]
+            known = [*available, *(n for n, kind in llm_foundry_names.items() if kind == scoring)]
             problems.append(f"{path}.metric_names: '{name}' is not supported for {task.icl_task_type} tasks "
                             f"({task.label}); choose from {', '.join(known)}")
     if not task.metric_names:

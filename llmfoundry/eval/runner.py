@@ -38,9 +38,16 @@ import torch.distributed as torch_dist
 from llmfoundry import registry
 from llmfoundry.core import dist
 from llmfoundry.core.precision import autocast
-from llmfoundry.eval.config import ICLTaskConfig, load_icl_tasks, reported_metrics, selected_metrics
+from llmfoundry.eval.config import (
+    CALIBRATION,
+    ICLTaskConfig,
+    load_icl_tasks,
+    reported_metrics,
+    selected_metrics,
+    wants_calibration,
+)
 from llmfoundry.eval.icl.data import read_records
-from llmfoundry.eval.icl.metrics import generation_correct
+from llmfoundry.eval.icl.metrics import choice_confidence, expected_calibration_error, generation_correct
 from llmfoundry.eval.icl.scoring import (
     generate_greedy,
     kv_cache_saving,
@@ -206,6 +213,7 @@ class ICLEvaluator:
         by_choice = run.task.scoring == "choices"
         names = reported_metrics(run.task.scoring)
         rules = [registry.metrics.get(name).builder for name in names] if by_choice else []
+        calibrate = wants_calibration(run.cfg)
         results = []
         for ex, sc in zip(local, scores):
             if sc is None:
@@ -214,7 +222,14 @@ class ICLEvaluator:
                 correct = {name: float(rule(sc, ex.choice_texts) == ex.gold) for name, rule in zip(names, rules)}
             else:  # greedy reproduction of the continuation
                 correct = dict.fromkeys(names, float(sc[0].greedy))
-            results.append({"index": ex.index, "category": ex.category, "correct": correct})
+            result = {"index": ex.index, "category": ex.category, "correct": correct}
+            if calibrate:  # (confidence, correct) as llm-foundry's ECE metrics define them
+                if by_choice:
+                    confidence, pick = choice_confidence(sc)
+                    result["calibration"] = (confidence, pick == ex.gold)
+                else:
+                    result["calibration"] = (sc[0].min_top_prob, sc[0].greedy)
+            results.append(result)
         return results
 
     def _run_generation(self, run, local, model, device, world, sync_calls) -> list[dict]:
@@ -255,6 +270,8 @@ class ICLEvaluator:
             return out
         keep = selected_metrics(run.cfg)
         names = [n for n in run.results[0]["correct"] if keep is None or n in keep]
+        if "calibration" in run.results[0]:
+            names.append(CALIBRATION)
         prefix = f"icl/{run.name}"
         if run.cfg.has_categories:
             by_cat: dict[str, list[dict]] = {}
@@ -263,13 +280,20 @@ class ICLEvaluator:
             for name in names:
                 per_cat = {}
                 for cat, rows in sorted(by_cat.items()):
-                    per_cat[cat] = sum(r["correct"][name] for r in rows) / len(rows)
+                    per_cat[cat] = _metric_value(rows, name)
                     out[f"{prefix}/{cat}/{name}"] = per_cat[cat]
                 out[f"{prefix}/{name}"] = sum(per_cat.values()) / len(per_cat)
         else:
             for name in names:
-                out[f"{prefix}/{name}"] = sum(r["correct"][name] for r in run.results) / len(run.results)
+                out[f"{prefix}/{name}"] = _metric_value(run.results, name)
         return out
+
+
+def _metric_value(rows: list[dict], name: str) -> float:
+    """A metric over examples: the mean of a per-example rule, or the ECE of their (confidence, correct) pairs."""
+    if name == CALIBRATION:
+        return expected_calibration_error([r["calibration"] for r in rows])
+    return sum(r["correct"][name] for r in rows) / len(rows)
 
 
 def examples_per_batch(run: TaskRun) -> int:

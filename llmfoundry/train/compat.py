@@ -1,8 +1,7 @@
 """llm-foundry run-level keys whose meaning here is a mapping, a consistency check or a one-line notice.
 
-* ``icl_tasks_str`` / ``eval_gauntlet_str``: llm-foundry's internal names of ``icl_tasks`` / ``eval_gauntlet``
-  given as a YAML file path; moved to those keys (setting both is an error, as in llm-foundry).
-* ``eval_loaders``: each entry validated as a loader section plus its ``label`` (see :class:`EvalLoaderSpec`).
+* ``icl_tasks_str`` / ``eval_gauntlet_str``, ``eval_loaders``: finished by llmfoundry.eval.sections (shared with
+  the eval recipe).
 * ``device_train_microbatch_size`` as a float: accepted when it is a whole number.
 * ``device_train_batch_size``, ``device_train_grad_accum``, ``n_gpus``: values llm-foundry derives; accepted
   when they match what this run derives, an error naming both otherwise (:func:`check_derived_batch_keys`).
@@ -16,25 +15,15 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar
+from typing import Any, ClassVar
 
-from llmfoundry import registry
-from llmfoundry.config.validate import Component, Registered, validate
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.core.notices import notice_once
+from llmfoundry.eval.sections import finish_eval_sections  # the evaluation keys, shared with the eval recipe
 
 # Composer's defaults: what llm-foundry passes when the recipe leaves them unset.
 DEFAULT_SAVE_FILENAMES = ("ep{epoch}-ba{batch}-rank{rank}.pt",)
 DEFAULT_LATEST_FILENAMES = ("latest-rank{rank}.pt", "latest-sharded-rank{rank}")
-
-
-@dataclass
-class EvalLoaderSpec:
-    """One entry of ``eval_loaders``: its label and its validated loader section."""
-
-    label: str
-    loader: Component
 
 
 def check_microbatch_size(value: Any) -> None:
@@ -52,27 +41,7 @@ def finish_recipe(cfg: Any, prefix: str) -> list[str]:
     problems: list[str] = []
     if isinstance(cfg.device_train_microbatch_size, float):
         cfg.device_train_microbatch_size = int(cfg.device_train_microbatch_size)
-    for alias, key in (("icl_tasks_str", "icl_tasks"), ("eval_gauntlet_str", "eval_gauntlet")):
-        value = getattr(cfg, alias)
-        if value is None:
-            continue
-        if getattr(cfg, key) is not None:
-            problems.append(f"{prefix}{alias}: set only one of {key} and {alias} ({alias} is llm-foundry's name for "
-                            f"{key} given as a YAML file path)")
-        else:
-            setattr(cfg, key, value)
-            setattr(cfg, alias, None)
-    if isinstance(cfg.eval_loader, list):  # llm-foundry reads a list under eval_loader as eval_loaders
-        if cfg.eval_loaders is not None:
-            problems.append(f"{prefix}eval_loader: a list of loaders is eval_loaders, which is set too (keep one)")
-        cfg.eval_loaders, cfg.eval_loader = cfg.eval_loader, None
-    if cfg.eval_loaders is not None:
-        if cfg.eval_loader is not None:
-            problems.append(f"{prefix}eval_loaders: set only one of eval_loader and eval_loaders (as in llm-foundry)")
-        else:
-            specs = _eval_loader_specs(cfg.eval_loaders, f"{prefix}eval_loaders", problems)
-            if specs is not None:
-                cfg.eval_loaders = specs
+    problems += finish_eval_sections(cfg, prefix)  # icl_tasks_str, eval_gauntlet_str, eval_loaders
     if cfg.save_filename is not None and cfg.save_filename not in DEFAULT_SAVE_FILENAMES:
         problems.append(f"{prefix}save_filename: '{cfg.save_filename}' cannot be used: checkpoints here are folders "
                         "named ep{epoch}-ba{batch} (remove the key)")
@@ -91,33 +60,6 @@ def finish_recipe(cfg: Any, prefix: str) -> list[str]:
     if cfg.only_hf_checkpoint and cfg.only_composer_checkpoint:
         problems.append(f"{prefix}only_hf_checkpoint: set only one of only_hf_checkpoint and only_composer_checkpoint")
     return problems
-
-
-def _eval_loader_specs(entries: list[dict[str, Any]], path: str, problems: list[str]) -> list[EvalLoaderSpec] | None:
-    specs, labels = [], set()
-    for i, entry in enumerate(entries):
-        where = f"{path}[{i}]"
-        label = entry.get("label")
-        if not isinstance(label, str) or not label:
-            problems.append(f"{where}.label: required (each loader of eval_loaders is logged under its label)")
-            continue
-        if label in labels:
-            problems.append(f"{where}.label: '{label}' is used twice (labels name the metrics; make them unique)")
-        labels.add(label)
-        try:
-            loader = validate({k: v for k, v in entry.items() if k != "label"},
-                              Annotated[Component, Registered(registry.dataloaders)], where)
-        except ConfigError as error:
-            problems.extend(error.problems)
-            continue
-        specs.append(EvalLoaderSpec(label, loader))
-    return specs if len(specs) == len(entries) else None
-
-
-def eval_metric_prefix(label: str | None) -> str:
-    """Composer's evaluator labels as llm-foundry sets them: 'eval' for eval_loader, 'eval/<label>' for each
-    entry of eval_loaders; metrics are logged as metrics/<evaluator label>/<metric name>."""
-    return "metrics/eval" if label is None else f"metrics/eval/{label}"
 
 
 def check_derived_batch_keys(cfg: Any, world_size: int, device_batch_size: int) -> None:
@@ -214,11 +156,3 @@ class IgnoreKeys:
                                                                            "state/model"]
         names += list(self.COMPOSER_ONLY) + [f"{n}/x" for n in self.COMPOSER_ONLY]
         return self._match(tuple(names)) or any(p.startswith("state/model/") for p in self.patterns)
-
-
-def eval_sections(cfg: Any) -> list[tuple[str, str, Component]]:
-    """(metric prefix, key for errors, loader section) of eval_loader, or of each entry of eval_loaders."""
-    if cfg.eval_loader is not None:
-        return [(eval_metric_prefix(None), "eval_loader", cfg.eval_loader)]
-    return [(eval_metric_prefix(spec.label), f"eval_loaders[{i}]", spec.loader)
-            for i, spec in enumerate(cfg.eval_loaders or [])]

@@ -17,7 +17,7 @@ class TrainingICL:
         self.evaluator = ICLEvaluator(
             cfg.icl_tasks, tokenizer, batch_size=cfg.device_eval_batch_size,
             max_seq_len=cfg.icl_seq_len or cfg.max_seq_len, precision=cfg.precision,
-            subset_num_batches=cfg.icl_subset_num_batches,
+            subset_num_batches=icl_subset(cfg),
         )
         self.gauntlet = load_gauntlet(cfg.eval_gauntlet)
 
@@ -38,3 +38,11 @@ class TrainingICL:
         if self.gauntlet is not None:
             text += "\n\n" + gauntlet_table({run_name: metrics})
         return text
+
+
+def icl_subset(cfg: TrainConfig) -> int | None:
+    """Batches scored per ICL task: icl_subset_num_batches, else eval_subset_num_batches (as Composer gives an
+    evaluator without its own subset the trainer's), else all."""
+    if cfg.icl_subset_num_batches is not None:
+        return cfg.icl_subset_num_batches
+    return cfg.eval_subset_num_batches if cfg.eval_subset_num_batches >= 0 else None

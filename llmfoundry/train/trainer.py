@@ -22,11 +22,14 @@ from llmfoundry.config.secrets import mask_secrets
 from llmfoundry.core import dist, precision
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.core.notices import notice_once
-from llmfoundry.core.timeunits import Rates, Time
+from llmfoundry.core.timeunits import Rates, Time, counted, counted_interval, estimated_last_batch, interval_due
 from llmfoundry.data.prep.quickstart import prepare
 from llmfoundry.data.text import check_token_ids
-from llmfoundry.models.loss import causal_lm_loss, count_correct_tokens, count_target_tokens
-from llmfoundry.train import checkpoint, checkpointer, compat, composer_checkpoint, parallel
+from llmfoundry.eval.loaders import evaluate_loader, model_inputs
+from llmfoundry.eval.sections import eval_sections
+from llmfoundry.models.loss import causal_lm_loss, count_target_tokens
+from llmfoundry.models.metrics import LanguageMetrics, eval_metric_names, train_metric_names
+from llmfoundry.train import checkpoint, checkpointer, compat, composer_checkpoint, parallel, preemption
 from llmfoundry.train.builders import (
     build_dataloader,
     build_model,
@@ -123,12 +126,18 @@ class Trainer:
         self.checkpointer = checkpointer.Checkpointer(cfg.save_folder, cfg.checkpoint_upload,
                                                     keep=cfg.save_num_checkpoints_to_keep,
                                                     overwrite=cfg.save_overwrite)
+        # SIGTERM, preemption_signal, the flag file and exit_before_walltime stop the run cleanly (train/preemption.py)
+        self.preemption = preemption.Preemption(cfg.preemption_signal, cfg.preemption_check_interval,
+                                                cfg.exit_before_walltime, self.device)
         self.batch: dict[str, torch.Tensor] | None = None  # the device batch being trained on (for callbacks)
 
         self.train_loader = build_dataloader(cfg.train_loader, self.tokenizer, self.device_batch_size, "train_loader")
         # (metric prefix, loader): eval_loader's metrics/eval/..., or each of eval_loaders' metrics/eval/<label>/...
         self.eval_loaders = [(prefix, build_dataloader(section, self.tokenizer, cfg.device_eval_batch_size, key))
-                             for prefix, key, section in compat.eval_sections(cfg)]
+                             for prefix, key, section in eval_sections(cfg)]
+        # metrics/train/<Name> of every batch (model.use_train_metrics) and the eval loaders' metric names
+        self.train_metrics = LanguageMetrics(train_metric_names(cfg.model.settings), self.device)
+        self.eval_metric_names = eval_metric_names(cfg.model.settings)
         self.icl = TrainingICL.from_config(cfg, self.tokenizer)
         self.can_evaluate = bool(self.eval_loaders) or self.icl is not None
         self.last_icl_metrics: dict[str, float] = {}
@@ -136,6 +145,7 @@ class Trainer:
         self.schedule = build_schedule(cfg, self.rates)
         # Composer's timing: the schedule reads the trainer's time, not LambdaLR's step count (see train_step)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: self.schedule(self.time))
+        self.restored_from: str | None = None  # the checkpoint this run started from
         self._resume()
         self.checkpointer.check_can_write(resuming=self.time.batch > 0)
 
@@ -165,6 +175,10 @@ class Trainer:
             self.eval_every = rates.to_batches(cfg.eval_interval, "eval_interval")
             self.save_every = rates.to_batches(cfg.save_interval, "save_interval")
             self.log_every = max(1, rates.to_batches(cfg.console_log_interval, "console_log_interval"))
+            # tok / sp: compared with what was trained, as Composer does (core/timeunits.py); max_batches estimates
+            self.counted_end = counted(cfg.max_duration)
+            self.eval_counted = counted_interval(cfg.eval_interval, cfg.max_duration)
+            self.save_counted = counted_interval(cfg.save_interval, cfg.max_duration)
         except ValueError as error:
             raise ConfigError(str(error)) from None
         # eval_interval 0 (0ba, 0ep, ...) turns evaluation off, also at the end of training, as in Composer
@@ -189,18 +203,23 @@ class Trainer:
             path = checkpointer.resolve_load_path(cfg.load_path, staging)
         if path is None:
             return
+        self.restore(path, weights_only, cfg.load_strict_model_weights, cfg.load_ignore_keys)
+
+    def restore(self, path: str, weights_only: bool, strict: bool, ignore_keys: list[str] | None) -> None:
+        """Load a checkpoint of ours or Composer's into this run (also the load_checkpoint callback's way in)."""
+        cfg = self.cfg
         composer = composer_checkpoint.find_composer_checkpoint(path)
         if composer is not None:  # a checkpoint written by llm-foundry (Composer)
             restored = composer_checkpoint.load_into_training(
                 composer_checkpoint.read_composer_checkpoint(composer), model=self.model, optimizer=self.optimizer,
-                optimizer_name=cfg.optimizer.name, weights_only=weights_only, strict=cfg.load_strict_model_weights,
-                ignore=compat.IgnoreKeys(cfg.load_ignore_keys), rank=self.dist.rank, world_size=self.dist.world_size)
+                optimizer_name=cfg.optimizer.name, weights_only=weights_only, strict=strict,
+                ignore=compat.IgnoreKeys(ignore_keys), rank=self.dist.rank, world_size=self.dist.world_size)
             if restored.get("rng") is not None:
                 checkpoint.set_rng_state(restored["rng"])
         else:
             restored = checkpoint.load_checkpoint(path, model=self.model, optimizer=self.optimizer,
-                                                  weights_only=weights_only, strict=cfg.load_strict_model_weights,
-                                                  ignore=compat.IgnoreKeys(cfg.load_ignore_keys))
+                                                  weights_only=weights_only, strict=strict,
+                                                  ignore=compat.IgnoreKeys(ignore_keys))
         trainer_state = restored.get("trainer") or {}  # load_ignore_keys may leave time or scheduler out
         if "time" in trainer_state:
             self.time = TrainTime(**trainer_state["time"])
@@ -209,6 +228,7 @@ class Trainer:
         if restored.get("dataloader") is not None:
             self.train_loader.load_state_dict(restored["dataloader"])
         source = composer if composer is not None else checkpoint.resolve_checkpoint(path)
+        self.restored_from = str(source)
         self._print(f"resumed from {source} at batch {self.time.batch}")
 
     # ----- the loop -----
@@ -222,6 +242,7 @@ class Trainer:
                 logger.log_hyperparameters(self.logged_config)
         for cb in self.callbacks:
             cb.on_fit_start(self)
+        self._estimate_end()  # a resumed run: from the counts it trained
         bar = tqdm(total=self.max_batches, initial=self.time.batch, unit="ba", desc="train", dynamic_ncols=True,
                    disable=not (cfg.progress_bar and self.dist.is_main and sys.stderr.isatty()))
         last_metrics: dict[str, float] = {}
@@ -239,14 +260,16 @@ class Trainer:
                 bar.update(1)
                 bar.set_postfix(loss=f"{metrics['loss/train/total']:.4f}")
                 step = self.time.batch
-                if self.can_evaluate and self.periodic_eval and step % self.eval_every == 0:
+                if self.can_evaluate and self.periodic_eval and self._due(self.eval_every, self.eval_counted):
                     metrics.update(self.evaluate(log=False))
                     last_eval_batch = step
                 self._log(metrics, console=step % self.log_every == 0 or step == self.max_batches)
                 last_metrics.update(metrics)
-                if cfg.save_folder and step % self.save_every == 0:
+                if cfg.save_folder and self._due(self.save_every, self.save_counted):
                     self.save()
                     last_save_batch = step
+                if (reason := self.preemption.should_stop(step)) is not None and step < self.max_batches:
+                    preemption.stop_for_preemption(self, reason, saved=last_save_batch == step)  # exits
                 if step >= self.max_batches:
                     break
                 if 0 < cfg.train_subset_num_batches <= self.time.batch_in_epoch:  # the epoch ends here
@@ -259,6 +282,7 @@ class Trainer:
             if not progressed:
                 raise ConfigError("train_loader: yielded no batches (is the dataset smaller than one batch?)")
         bar.close()
+        self.preemption.uninstall()
         if self.can_evaluate and self.periodic_eval and last_eval_batch != self.time.batch:
             last_metrics.update(self.evaluate())
         if cfg.save_folder and last_save_batch != self.time.batch:
@@ -284,6 +308,7 @@ class Trainer:
         if not self.cfg.accumulate_train_batch_on_tokens:  # Composer's per-sample rule: normalise by samples
             targets = targets.new_tensor(float(num_samples * self.dist.world_size))
         while True:
+            self.train_metrics.reset()
             try:
                 loss_sum = self._forward_backward(device_batch, targets)
                 oom = False
@@ -332,6 +357,7 @@ class Trainer:
         # after k - 2 batches and the first value serves two steps; a resumed run restores the same lr.
         self.scheduler.step()
 
+        self.previous_time = TrainTime(**vars(self.time))  # for intervals in tok / sp
         self.time.batch += 1
         self.time.batch_in_epoch += 1
         self.time.sample += num_samples * self.dist.world_size
@@ -339,9 +365,11 @@ class Trainer:
         mask = device_batch.get("attention_mask")
         tokens = mask.sum() if mask is not None else ids.new_tensor(ids.numel())
         self.time.token += int(dist.all_reduce_sum(tokens))
+        self._estimate_end()  # before the callbacks' on_batch_end, which may stop training here
         if not math.isfinite(loss):
             log.warning("non-finite training loss at batch %d", self.time.batch)
         metrics["loss/train/total"] = loss
+        metrics.update(self.train_metrics.compute("metrics/train"))
         metrics.update(self.time.as_metrics())
         metrics.update(self.checkpointer.metrics())
         for cb in self.callbacks:
@@ -363,6 +391,8 @@ class Trainer:
                 with precision.autocast(cfg.precision, self.device):
                     logits = self.parallel_model(**self._model_inputs(micro)).logits
                 micro_loss = causal_lm_loss(logits, micro["labels"], reduction="sum")
+                if self.train_metrics:
+                    self.train_metrics.update(logits, micro["labels"], loss_sum=micro_loss)
                 if not cfg.accumulate_train_batch_on_tokens:  # the microbatch's mean loss, weighted by its samples
                     micro_loss = micro_loss / count_target_tokens(micro["labels"]).clamp(min=1) * micro["input_ids"].size(0)
                 # Normalise by the tokens of the whole global batch; DDP/FSDP average over ranks, so undo that.
@@ -374,12 +404,7 @@ class Trainer:
         return loss_sum
 
     def _model_inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        inputs = {"input_ids": batch["input_ids"]}
-        if "attention_mask" in batch:
-            inputs["attention_mask"] = batch["attention_mask"]
-        if "sequence_id" in batch and self.model.supports_sequence_id:
-            inputs["sequence_id"] = batch["sequence_id"]
-        return inputs
+        return model_inputs(batch, self.model.supports_sequence_id)
 
     def _check_token_ids(self, batch: dict[str, torch.Tensor]) -> None:
         """A token id the embedding cannot look up is a data/model mismatch, not an IndexError deep in a kernel."""
@@ -405,35 +430,26 @@ class Trainer:
         return metrics
 
     def _eval_loss(self, prefix: str, loader) -> dict[str, float]:
-        """Loss and perplexity over one eval loader (all of it, or eval_subset_num_batches), as prefix/..."""
+        """Loss, perplexity and token accuracy over one eval loader (all of it, or eval_subset_num_batches)."""
         self.parallel_model.eval()
-        loss_sum = torch.zeros((), device=self.device, dtype=torch.float64)
-        tokens = torch.zeros((), device=self.device, dtype=torch.float64)
-        correct = torch.zeros((), device=self.device, dtype=torch.float64)
-        for i, batch in enumerate(loader):
-            if 0 <= self.cfg.eval_subset_num_batches <= i:
-                break
-            self._check_token_ids(batch)
-            batch = {k: v.to(self.device) for k, v in batch.items()}
-            with precision.autocast(self.cfg.precision, self.device):
-                logits = self.model(**self._model_inputs(batch)).logits
-            loss_sum += causal_lm_loss(logits, batch["labels"], reduction="sum").double()
-            tokens += count_target_tokens(batch["labels"]).double()
-            correct += count_correct_tokens(logits, batch["labels"]).double()
-        total = dist.all_reduce_sum(tokens)
-        if float(total) == 0:  # a loss of 0 over nothing would be logged as a perfect model
-            where = "eval_loader" if prefix == "metrics/eval" else f"eval_loaders.{prefix.rsplit('/', 1)[-1]}"
-            raise ConfigError(f"{where}: the evaluation data gave no token to score (fewer samples than one batch of "
-                              "device_eval_batch_size, or every row dropped by drop_last or packing); add data or "
-                              "lower device_eval_batch_size")
-        loss = float(dist.all_reduce_sum(loss_sum) / total)
-        metrics = {f"{prefix}/LanguageCrossEntropy": loss, f"{prefix}/LanguagePerplexity": math.exp(min(loss, 700.0)),
-                   f"{prefix}/TokenAccuracy": float(dist.all_reduce_sum(correct) / total)}
+        metrics = evaluate_loader(self.model, loader, prefix=prefix, names=self.eval_metric_names, device=self.device,
+                                  precision=self.cfg.precision, subset_num_batches=self.cfg.eval_subset_num_batches,
+                                  vocab_size=self.vocab_size, supports_sequence_id=self.model.supports_sequence_id)
+        loss = metrics[f"{prefix}/LanguageCrossEntropy"]
         if prefix == self.eval_loaders[0][0]:  # the first loader's losses make the summary
             self.history.losses.append((self.time.batch, loss))
         self._print(f"[{prefix.removeprefix('metrics/')}] batch {self.time.batch}: loss {loss:.4f}, perplexity "
                     f"{metrics[f'{prefix}/LanguagePerplexity']:.2f}")
         return metrics
+
+    # ----- max_duration, eval_interval and save_interval in tok / sp (counted as Composer counts them) -----
+    def _estimate_end(self) -> None:
+        if self.counted_end is not None:
+            nominal = self.rates.tokens_per_batch if self.counted_end.unit == "tok" else self.rates.samples_per_batch
+            self.max_batches = estimated_last_batch(self.counted_end, self.time, nominal)
+
+    def _due(self, every_batches: int, interval: Time | None) -> bool:
+        return interval_due(every_batches, interval, self.previous_time, self.time)
 
     # ----- checkpoints and logging -----
     def save(self) -> str:
@@ -447,6 +463,8 @@ class Trainer:
         self._print(f"saved checkpoint {path}" + (" (uploading)" if self.checkpointer.remote else ""))
         for cb in self.callbacks:
             cb.on_checkpoint_saved(self, str(path))
+        for logger in self.loggers:
+            logger.log_checkpoint(str(path), self.time.epoch, self.time.batch)
         return path
 
     def _log(self, metrics: dict[str, float], console: bool) -> None:

@@ -127,8 +127,9 @@ def test_metric_names_select_the_reported_metrics(tokenizer, llama):
     assert keys(metric_names=["acc_norm", "acc"]) == ["acc", "acc_norm"]
     with pytest.raises(ConfigError, match="InContextLearningLMAccuracy does not apply to multiple_choice"):
         load_icl_tasks([{**MC, "metric_names": ["InContextLearningLMAccuracy"]}])
-    with pytest.raises(ConfigError, match="'InContextLearningMCExpectedCalibrationError' is not supported"):
-        load_icl_tasks([{**MC, "metric_names": ["InContextLearningMCExpectedCalibrationError"]}])
+    assert keys(metric_names=["InContextLearningMCExpectedCalibrationError"]) == ["expected_calibration_error"]
+    with pytest.raises(ConfigError, match="InContextLearningLMExpectedCalibrationError does not apply to multiple"):
+        load_icl_tasks([{**MC, "metric_names": ["InContextLearningLMExpectedCalibrationError"]}])
 
 
 def test_gauntlet_destination_dir_is_unsupported():

@@ -122,7 +122,8 @@ def test_metric_names_and_the_gauntlet_metric_choose_among_the_registered_rules(
     recipe = _recipe(tmp_path, model_folder, plugin, [_true_or_false(tmp_path, metric_names=["first_choice"])])
     assert cli_main(["eval", recipe]) == 2
     assert ("icl_tasks[0].metric_names: 'first_choice' is not supported for true_or_false tasks (tf); choose from "
-            "accuracy, acc, acc_norm, last_choice, InContextLearningMultipleChoiceAccuracy") in capsys.readouterr().err
+            "accuracy, acc, acc_norm, last_choice, expected_calibration_error, InContextLearningMultipleChoiceAccuracy, "
+            "InContextLearningMCExpectedCalibrationError, mc_expected_calibration_error") in capsys.readouterr().err
     recipe = _recipe(tmp_path, model_folder, plugin, [_true_or_false(tmp_path)],
                      eval_gauntlet={"metric": "last_choise", "categories": []})
     assert cli_main(["eval", recipe]) == 2

@@ -60,14 +60,25 @@ def test_config_overrides_apply_and_unknown_keys_are_errors(llama_dir, tokenizer
         build(tokenizer, pretrained_model_name_or_path=str(llama_dir / "nope"))
 
 
-def test_sequence_id_keeps_documents_apart(llama_dir, tokenizer):
-    model = build(tokenizer, pretrained_model_name_or_path=str(llama_dir), attn_implementation="sdpa")
+def test_sequence_id_keeps_documents_apart_with_attn_uses_sequence_id(llama_dir, tokenizer):
+    model = build(tokenizer, pretrained_model_name_or_path=str(llama_dir), attn_implementation="sdpa",
+                  attn_uses_sequence_id=True)
     torch.manual_seed(0)
     a, b = torch.randint(2, 512, (1, 7)), torch.randint(2, 512, (1, 9))
     packed = torch.cat([a, b], dim=1)
     seq_id = torch.tensor([[0] * 7 + [1] * 9])
     logits = model(packed, sequence_id=seq_id).logits
     torch.testing.assert_close(logits[:, 7:], model(b).logits, atol=1e-5, rtol=1e-4)
+
+
+def test_packed_documents_attend_to_each_other_by_default_as_in_llm_foundry(llama_dir, tokenizer):
+    model = build(tokenizer, pretrained_model_name_or_path=str(llama_dir), attn_implementation="sdpa")
+    torch.manual_seed(0)
+    packed = torch.randint(2, 512, (1, 16))
+    seq_id = torch.tensor([[0] * 7 + [1] * 9])
+    logits = model(packed, sequence_id=seq_id).logits
+    torch.testing.assert_close(logits, model(packed).logits)  # sequence_id dropped, as Composer drops it
+    assert not torch.allclose(logits[:, 7:], model(packed[:, 7:]).logits, atol=1e-3)
 
 
 def test_our_mpt_folder_works_through_hf_causal_lm(tmp_path, tokenizer):

@@ -28,11 +28,7 @@ from tests.recipes.llm_foundry_keys import (
 # Recipes whose tiny equivalent does not validate yet, and why. When a key starts to be accepted, the test below
 # fails and asks for the recipe to be removed here (it then runs in test_tiny_equivalent_runs_two_batches).
 EXPECTED_INVALID = {
-    "scripts/eval/yamls/hf_lora_eval.yml": "fsdp_config in eval is not supported yet",
-    "scripts/eval/yamls/mpt_eval.yaml": "fsdp_config in eval is not supported yet",
     "scripts/eval/yamls/openai_eval.yaml": "models openai_chat / openai_causal_lm (API models) are not registered",
-    "scripts/train/yamls/finetune/dbrx-full-ft.yaml": "finetuning dataset.eos_token_id",
-    "scripts/train/yamls/finetune/dbrx-lora-ft.yaml": "finetuning dataset.eos_token_id",
     "scripts/train/yamls/finetune/gpt2-arc-easy--cpu-streaming-dataset.yaml": "model_name: a top-level key no "
         "interpolation reads and close to `model` stays an error (it may be a typo; llm-foundry keeps it as a "
         "variable)",
@@ -47,6 +43,9 @@ EXPECTED_INVALID = {
 # Recipes that validate but cannot run on this machine: the one-line error each must end with (exit code 2).
 EXPECTED_RUN_ERRORS = {
     "scripts/eval/yamls/hf_8bit_eval.yaml": "model.load_in_8bit: needs a CUDA GPU",
+    # use_flash_attention_2 needs the flash-attn package (and a GPU); their finetuning eos_token_id is accepted
+    "scripts/train/yamls/finetune/dbrx-full-ft.yaml": "model.use_flash_attention_2: 'flash_attention_2' cannot be used",
+    "scripts/train/yamls/finetune/dbrx-lora-ft.yaml": "model.use_flash_attention_2: 'flash_attention_2' cannot be used",
     # packing_ratio 9 with drop_last leaves the tiny eval split no full batch: said in one line, not a loss of 0
     "scripts/train/yamls/finetune/mpt-30b-instruct.yaml": "eval_loader: the evaluation data gave no token to score",
 }

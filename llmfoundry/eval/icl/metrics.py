@@ -31,6 +31,10 @@ class SequenceScore:
     logprob: float  # summed over continuation tokens
     num_tokens: int
     greedy: bool  # every continuation token is the argmax of the model's prediction
+    # for expected calibration error (llm-foundry's confidences): the mean probability of the continuation's
+    # tokens (multiple choice), and the smallest top-1 probability over its positions (language modeling)
+    mean_prob: float = 0.0
+    min_top_prob: float = 0.0
 
 
 def _argmax(values: list[float]) -> int:
@@ -92,3 +96,30 @@ def generation_correct(
         final = normalize_answer(final)
         answers = [normalize_answer(a) for a in answers]
     return any(final.startswith(a) for a in answers)
+
+
+def expected_calibration_error(pairs: list[tuple[float, bool]], n_buckets: int = 10) -> float:
+    """llm-foundry's ECE over ``(confidence, correct)`` pairs: confidences fall into ``n_buckets`` equal-width
+    buckets (1.0 into the last); the result is the mean, weighted by bucket size, of |accuracy - the bucket's
+    midpoint| (llm-foundry compares with the midpoint, not with the mean confidence in the bucket)."""
+    totals, correct = [0] * n_buckets, [0] * n_buckets
+    for confidence, ok in pairs:
+        bucket = min(int(confidence * n_buckets), n_buckets - 1)
+        totals[bucket] += 1
+        correct[bucket] += int(ok)
+    n = sum(totals)
+    error = 0.0
+    for i, count in enumerate(totals):
+        if count:
+            midpoint = (i + 0.5) / n_buckets
+            error += count / n * abs(correct[i] / count - midpoint)
+    return error
+
+
+def choice_confidence(scores: list[SequenceScore]) -> tuple[float, int]:
+    """llm-foundry's multiple-choice confidence: the largest mean token probability over the sum of them all, and
+    the choice that has it (the first on ties)."""
+    probs = [s.mean_prob for s in scores]
+    best = _argmax(probs)
+    total = sum(probs)
+    return (probs[best] / total if total > 0 else 0.0), best

@@ -110,9 +110,13 @@ def plan_batches(
 
 def _score_rows(pred_logits: torch.Tensor, targets: torch.Tensor) -> SequenceScore:
     logprobs = F.log_softmax(pred_logits.float(), dim=-1)
-    lp = logprobs.gather(1, targets[:, None]).sum().item()
+    token_lp = logprobs.gather(1, targets[:, None])[:, 0]
     greedy = bool((pred_logits.argmax(-1) == targets).all().item())
-    return SequenceScore(logprob=lp, num_tokens=int(targets.numel()), greedy=greedy)
+    # the three numbers in one transfer from the device
+    lp, mean_prob, min_top = torch.stack([token_lp.sum(), token_lp.exp().mean(),
+                                          logprobs.max(-1).values.min().exp()]).tolist()
+    return SequenceScore(logprob=lp, num_tokens=int(targets.numel()), greedy=greedy, mean_prob=mean_prob,
+                         min_top_prob=min_top)
 
 
 def _pad_right(rows: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:

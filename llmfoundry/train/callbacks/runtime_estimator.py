@@ -1,4 +1,10 @@
-"""runtime_estimator: seconds left in training, from the average time of the batches run so far."""
+"""runtime_estimator: Composer's RuntimeEstimator: time/remaining_estimate, the time left in training, in time_unit.
+
+The clock starts at the start of the first batch after ``skip_batches`` (compilation and warm-up left out). The
+estimate is the training time per fraction of max_duration so far (evaluation left out) times the fraction left,
+plus the evaluations still to come at the average duration of those run so far (the first one left out once there
+are several). The unit is also logged once as the hyperparameter time/remaining_estimate_unit.
+"""
 
 from __future__ import annotations
 
@@ -8,39 +14,76 @@ from dataclasses import dataclass
 from llmfoundry.config.fields import option
 from llmfoundry.registry import callbacks
 from llmfoundry.train.callbacks.base import Callback
+from llmfoundry.train.callbacks.speed_monitor import SECONDS_PER_UNIT, TimeUnit, WallClock
 
 
 @dataclass
 class RuntimeEstimatorSettings:
-    skip_batches: int = option(1, "leave the first batches (compilation, warm-up) out of the average")
+    skip_batches: int = option(1, "leave the first batches (compilation, warm-up) out of the estimate")
+    time_unit: TimeUnit = option("hours", "unit of time/remaining_estimate: seconds, minutes, hours or days")
+
+    def check_settings(self, path: str) -> list[str]:
+        if self.skip_batches < 0:
+            return [f"{path}.skip_batches: must be >= 0, got {self.skip_batches}"]
+        return []
 
 
 class RuntimeEstimator(Callback):
     def __init__(self, settings: RuntimeEstimatorSettings):
-        self.skip = max(0, settings.skip_batches)
-        self.start: tuple[float, int] | None = None
-        self.seen = 0
+        self.settings = settings
+        self.divider = SECONDS_PER_UNIT[settings.time_unit]
+        self._reset()
+
+    def _reset(self) -> None:
+        self.to_skip = self.settings.skip_batches
+        self.start_time: float | None = None
+        self.start_fraction = 0.0
+        self.clock = WallClock()
+        self.eval_seconds: list[float] = []  # each evaluation since the clock started
+        self.fraction_per_eval = 0.0  # of max_duration, between evaluations
 
     def on_fit_start(self, trainer):
-        self.start, self.seen = None, 0
+        self._reset()
+        for logger in trainer.loggers:  # rank 0's loggers (other ranks have none)
+            logger.log_hyperparameters({"time/remaining_estimate_unit": self.settings.time_unit})
+
+    @staticmethod
+    def _fraction(trainer) -> float:
+        """How much of max_duration is done (the trainer counts every unit of max_duration in batches)."""
+        return trainer.time.batch / max(1, trainer.max_batches)
+
+    def on_batch_start(self, trainer):
+        if self.start_time is None and self.to_skip == 0:
+            self.start_time = time.perf_counter()
+            self.start_fraction = self._fraction(trainer)
+            self.clock = WallClock()
 
     def on_batch_end(self, trainer, metrics):
-        self.seen += 1
-        now = time.perf_counter()
-        if self.seen == self.skip or (self.skip == 0 and self.start is None):
-            self.start = (now, trainer.time.batch)
-            if self.skip:
-                return
-        if self.start is None:
+        self.clock.batch_end()
+        if self.to_skip > 0:
+            self.to_skip -= 1
             return
-        t0, b0 = self.start
-        done = trainer.time.batch - b0
-        if done <= 0:
+        fraction = self._fraction(trainer)
+        if self.start_time is None or fraction <= self.start_fraction:
             return
-        per_batch = (now - t0) / done
-        remaining = max(0, trainer.max_batches - trainer.time.batch)
-        metrics["time/remaining_estimate"] = per_batch * remaining
-        metrics["time/seconds_per_batch"] = per_batch
+        elapsed = time.perf_counter() - self.start_time - sum(self.eval_seconds)
+        remaining = elapsed / (fraction - self.start_fraction) * (1 - fraction)
+        if self.eval_seconds:
+            done = len(self.eval_seconds)
+            average = sum(self.eval_seconds[1:]) / (done - 1) if done > 1 else self.eval_seconds[0]
+            expected = (1 - self.start_fraction) / self.fraction_per_eval if self.fraction_per_eval > 0 else done
+            remaining += average * (expected - done)
+        metrics["time/remaining_estimate"] = remaining / self.divider
+
+    def on_eval_start(self, trainer):
+        self.clock.eval_started()
+
+    def on_eval_end(self, trainer, metrics):
+        seconds = self.clock.eval_ended()
+        if self.start_time is None:  # evaluations before the clock started (eval_first) do not count
+            return
+        self.eval_seconds.append(seconds)
+        self.fraction_per_eval = (self._fraction(trainer) - self.start_fraction) / len(self.eval_seconds)
 
 
 @callbacks.register("runtime_estimator", config=RuntimeEstimatorSettings)

@@ -1,8 +1,12 @@
-"""speed_monitor: throughput (batches, samples, tokens per second) and, on known GPUs, TFLOP/s and MFU.
+"""speed_monitor: Composer's SpeedMonitor: throughput over a rolling window, model FLOP/s and MFU, wall-clock time.
 
-MFU = achieved model FLOP/s per device / the device's dense bf16 peak. Model FLOPs come from the model's
-``flops_per_token(seq_len)`` (6N + 12·L·d·T for training). Peaks: A100 312, H100/H200 989 TFLOP/s; on a CPU or an
-unknown device no MFU is reported unless ``peak_tflops`` is given.
+Once ``window_size`` batches have run after the first one (the window then holds window_size + 1 batch ends), every
+batch logs throughput/{batches,samples,tokens}_per_sec and throughput/device/... (divided by the world size),
+throughput/flops_per_sec, throughput/device/flops_per_sec and, when the device's peak is known or
+``gpu_flops_available`` is given, throughput/device/mfu. Model FLOPs of a batch are the model's
+``flops_per_token(seq_len)`` (6N + 12·L·d·T) times the batch's input_ids size (padding included, as llm-foundry's
+``flops_per_batch`` counts them), summed over ranks. Every batch also logs time/train, time/val and time/total in
+``time_unit``: evaluation time counts as time/val, everything else since fit start as time/train.
 """
 
 from __future__ import annotations
@@ -10,66 +14,182 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
 from llmfoundry.config.fields import option
+from llmfoundry.core import dist
+from llmfoundry.core.notices import notice_once
 from llmfoundry.registry import callbacks
 from llmfoundry.train.callbacks.base import Callback
 
-PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}
+TimeUnit = Literal["seconds", "minutes", "hours", "days"]
+SECONDS_PER_UNIT = {"seconds": 1.0, "minutes": 60.0, "hours": 3600.0, "days": 86400.0}
+
+# Dense peak FLOP/s per device family and trainer precision, as Composer's table has them (datasheets' sparse
+# figures halved). fp32 is plain fp32, not TF32.
+_H100_SXM = {"fp32": 67e12, "amp_bf16": 989.5e12, "amp_fp16": 989.5e12, "bf16": 989.5e12}
+PEAK_FLOPS = {
+    "h200-sxm": _H100_SXM,
+    "h100-sxm": _H100_SXM,
+    "h100-pcie": {"fp32": 51e12, "amp_bf16": 756.5e12, "amp_fp16": 756.5e12, "bf16": 756.5e12},
+    "a100": {"fp32": 19.5e12, "amp_bf16": 312e12, "amp_fp16": 312e12, "bf16": 312e12},
+    "a10": {"fp32": 31.2e12, "amp_bf16": 125e12, "amp_fp16": 125e12, "bf16": 125e12},
+    "v100-sxm": {"fp32": 15.7e12, "amp_fp16": 125e12},
+    "v100-pcie": {"fp32": 14e12, "amp_fp16": 112e12},
+    "t4": {"fp32": 8.1e12, "amp_fp16": 65e12},
+}
+
+
+def device_family(name: str) -> str | None:
+    """The PEAK_FLOPS family of a CUDA device name (Composer's matching rules), or None."""
+    name = name.lower()
+    if "h200" in name:
+        return "h200-sxm"
+    if "h100" in name and "hbm3" in name:
+        return "h100-sxm"
+    if "h100" in name and ("pcie" in name or "hbm2e" in name):
+        return "h100-pcie"
+    for family in ("a100", "a10", "v100-sxm", "v100-pcie", "t4"):  # a100 before a10: "a10" is in "a100"
+        if family in name:
+            return family
+    return None
+
+
+def device_peak_flops(device: torch.device, precision: str) -> float | None:
+    """Dense peak FLOP/s of ``device`` at ``precision``, or None when unknown (CPUs included)."""
+    if device.type != "cuda":
+        return None
+    family = device_family(torch.cuda.get_device_name(device))
+    return PEAK_FLOPS.get(family, {}).get(precision) if family else None
 
 
 def device_peak_tflops(device: torch.device) -> float | None:
     """Dense bf16 peak of ``device`` in TFLOP/s, or None when unknown (CPUs included)."""
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    for key, peak in PEAK_BF16_TFLOPS.items():
-        if key in name:
-            return peak
-    return None
+    peak = device_peak_flops(device, "amp_bf16")
+    return peak / 1e12 if peak else None
 
 
 @dataclass
 class SpeedMonitorSettings:
-    window_size: int = option(100, "average throughput over this many batches")
-    peak_tflops: float | None = option(None, "per-device peak TFLOP/s for MFU (default: from the device name)")
+    window_size: int = option(100, "number of batches in the rolling average of throughput (logged once the "
+                                   "window is full)")
+    gpu_flops_available: float | None = option(None, "per-device peak FLOP/s for throughput/device/mfu (default: "
+                                                     "from the GPU's name and the run's precision; none on a CPU)")
+    time_unit: TimeUnit = option("hours", "unit of time/train, time/val and time/total: seconds, minutes, hours "
+                                          "or days")
+
+    def check_settings(self, path: str) -> list[str]:
+        problems = []
+        if self.window_size < 1:
+            problems.append(f"{path}.window_size: must be at least 1, got {self.window_size}")
+        if self.gpu_flops_available is not None and self.gpu_flops_available < 0:
+            problems.append(f"{path}.gpu_flops_available: must be a FLOP/s count >= 0, got "
+                            f"{self.gpu_flops_available}")
+        return problems
+
+
+class WallClock:
+    """Seconds since fit start, split into evaluation and everything else (training, logging, checkpoints)."""
+
+    def __init__(self) -> None:
+        self.start = self.mark = time.perf_counter()
+        self.eval_seconds = 0.0
+        self.eval_start: float | None = None
+
+    def batch_end(self) -> float:
+        """Marks a batch end (evaluation starts from here); returns the training seconds so far."""
+        self.mark = time.perf_counter()
+        return self.mark - self.start - self.eval_seconds
+
+    def eval_started(self) -> None:
+        self.eval_start = time.perf_counter()
+
+    def eval_ended(self) -> float:
+        """Adds the evaluation that just ended (from on_eval_start, else from the last batch end) and returns it."""
+        now = time.perf_counter()
+        # the trainer evaluates right after a batch's on_batch_end (or after on_fit_start for eval_first)
+        seconds = now - (self.eval_start if self.eval_start is not None else self.mark)
+        self.eval_seconds += seconds
+        self.eval_start = None
+        self.mark = now
+        return seconds
 
 
 class SpeedMonitor(Callback):
     def __init__(self, settings: SpeedMonitorSettings):
         self.settings = settings
-        self.window: deque[tuple[float, int, int]] = deque(maxlen=settings.window_size + 1)  # (time, samples, tokens)
-        self.flops_per_token = 0.0
+        self.divider = SECONDS_PER_UNIT[settings.time_unit]
+        # (training seconds, samples, tokens, FLOPs so far) at each of the last window_size + 1 batch ends
+        self.window: deque[tuple[float, int, int, float]] = deque(maxlen=settings.window_size + 1)
         self.peak: float | None = None
+        self.clock = WallClock()
+        self.flops_so_far = 0.0
+        self.flops_per_token: dict[int, float] = {}
 
     def on_fit_start(self, trainer):
-        self.flops_per_token = float(trainer.model.flops_per_token(trainer.cfg.max_seq_len))
-        self.peak = self.settings.peak_tflops or device_peak_tflops(trainer.device)
+        self.peak = self.settings.gpu_flops_available
+        if self.peak is None:
+            self.peak = device_peak_flops(trainer.device, trainer.cfg.precision)
+            if self.peak is None and trainer.device.type == "cuda":
+                notice_once(f"callbacks.speed_monitor: no peak FLOP/s known for {torch.cuda.get_device_name()} at "
+                            f"{trainer.cfg.precision}, so throughput/device/mfu is not logged (set "
+                            "gpu_flops_available)")
+        if trainer.time.batch > 0:
+            notice_once("callbacks.speed_monitor: time/train, time/val and time/total count from this restart "
+                        "(Composer continues them from the checkpoint)")
         self.window.clear()
+        self.clock = WallClock()
+        self.flops_so_far = 0.0
+
+    def _batch_flops(self, trainer) -> float:
+        """Model FLOPs of this step's global batch: every rank's input_ids size times FLOPs per token."""
+        ids = trainer.batch["input_ids"]
+        seq_len = ids.shape[1]
+        if seq_len not in self.flops_per_token:
+            self.flops_per_token[seq_len] = float(trainer.model.flops_per_token(seq_len))
+        local = torch.tensor(self.flops_per_token[seq_len] * ids.numel(), dtype=torch.float64, device=ids.device)
+        return float(dist.all_reduce_sum(local))
 
     def on_batch_end(self, trainer, metrics):
-        now = time.perf_counter()
-        self.window.append((now, trainer.time.sample, trainer.time.token))
-        if len(self.window) < 2:
-            return  # the first batch only starts the clock (it includes warm-up)
-        (t0, s0, k0), (t1, s1, k1) = self.window[0], self.window[-1]
+        self.flops_so_far += self._batch_flops(trainer)  # a collective: every rank, every batch
+        train_seconds = self.clock.batch_end()
+        self.window.append((train_seconds, trainer.time.sample, trainer.time.token, self.flops_so_far))
+        if len(self.window) == self.window.maxlen:
+            metrics.update(self._throughput(trainer.dist.world_size))
+        eval_seconds = self.clock.eval_seconds
+        metrics["time/train"] = train_seconds / self.divider
+        metrics["time/val"] = eval_seconds / self.divider
+        metrics["time/total"] = (train_seconds + eval_seconds) / self.divider
+
+    def _throughput(self, world: int) -> dict[str, float]:
+        (t0, s0, k0, f0), (t1, s1, k1, f1) = self.window[0], self.window[-1]
         seconds = max(t1 - t0, 1e-9)
-        batches = len(self.window) - 1
-        world = trainer.dist.world_size
-        tokens_per_s = (k1 - k0) / seconds
-        metrics["throughput/batches_per_sec"] = batches / seconds
-        metrics["throughput/samples_per_sec"] = (s1 - s0) / seconds
-        metrics["throughput/tokens_per_sec"] = tokens_per_s
-        metrics["throughput/device/samples_per_sec"] = (s1 - s0) / seconds / world
-        metrics["throughput/device/tokens_per_sec"] = tokens_per_s / world
-        flops = tokens_per_s * self.flops_per_token / world
-        metrics["throughput/device/tflops_per_sec"] = flops / 1e12
+        batches_per_sec = (len(self.window) - 1) / seconds
+        samples_per_sec = (s1 - s0) / seconds
+        out = {"throughput/batches_per_sec": batches_per_sec, "throughput/samples_per_sec": samples_per_sec,
+               "throughput/device/batches_per_sec": batches_per_sec / world,
+               "throughput/device/samples_per_sec": samples_per_sec / world}
+        if k1 > k0:
+            out["throughput/tokens_per_sec"] = (k1 - k0) / seconds
+            out["throughput/device/tokens_per_sec"] = (k1 - k0) / seconds / world
+        flops_per_sec = (f1 - f0) / seconds
+        out["throughput/flops_per_sec"] = flops_per_sec
+        out["throughput/device/flops_per_sec"] = flops_per_sec / world
         if self.peak:
-            metrics["throughput/device/mfu"] = flops / (self.peak * 1e12)
+            out["throughput/device/mfu"] = flops_per_sec / world / self.peak
+        return out
+
+    def on_eval_start(self, trainer):
+        self.clock.eval_started()
+
+    def on_eval_end(self, trainer, metrics):
+        self.clock.eval_ended()
 
 
-@callbacks.register("speed_monitor", config=SpeedMonitorSettings)
+@callbacks.register("speed_monitor", config=SpeedMonitorSettings,
+                    differs="time/train, time/val and time/total start from 0 when a run resumes (Composer "
+                            "continues them from the checkpoint)")
 def build_speed_monitor(settings: SpeedMonitorSettings) -> Callback:
     return SpeedMonitor(settings)

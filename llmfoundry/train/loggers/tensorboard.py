@@ -1,44 +1,98 @@
-"""tensorboard logger: scalars per step and the (secret-masked) config as text."""
+"""tensorboard logger: Composer's TensorboardLogger: scalars per step in <log_dir>/<run_name>.
+
+Events are flushed on batches that are multiples of ``flush_interval`` and when the run ends. The secret-masked
+config is written as text (tag ``config``; Composer writes none), and at the end the hyperparameters with the last
+values of the metrics whose names hold "metric" or "loss" go to the HPARAMS tab as hparams/<metric> (Composer writes
+them after each evaluation). A table a callback logs is written as text (a Markdown table, tag = its name, at its
+step), which the TEXT tab shows as a table (Composer's TensorboardLogger does not log tables).
+"""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from numbers import Number
+from typing import Any
 
 import yaml
 
 from llmfoundry.config.fields import option
+from llmfoundry.config.secrets import mask_secrets
 from llmfoundry.registry import loggers
 from llmfoundry.train.loggers.base import Logger
 
 
 @dataclass
 class TensorboardSettings:
-    log_dir: str | None = option(None, "event file folder (default: runs/<run_name>)")
-    flush_interval: int = option(10, "flush events every this many logging steps")
+    log_dir: str | None = option(None, "folder of the run folders: events go to <log_dir>/<run_name> (default: "
+                                       "tensorboard_logs)")
+    flush_interval: int = option(100, "write events to disk on batches that are multiples of this")
+    rank_zero_only: bool = option(True, "log from rank 0 only",
+                                  unsupported="logging from every rank (loggers run on rank 0 only here)")
+
+    def check_settings(self, path: str) -> list[str]:
+        if self.flush_interval < 1:
+            return [f"{path}.flush_interval: must be at least 1, got {self.flush_interval}"]
+        return []
+
+
+def hparam_value(value: Any) -> Any:
+    """A value add_hparams takes: numbers, strings and booleans as they are, anything else as its text."""
+    if isinstance(value, (bool, str)) or (isinstance(value, Number) and not isinstance(value, complex)):
+        return value
+    return str(value)
+
+
+def markdown_cell(value: Any) -> str:
+    """A value as the text of one Markdown table cell: '|' escaped, line breaks as <br>."""
+    return str(value).replace("|", "\\|").replace("\r\n", "<br>").replace("\n", "<br>")
+
+
+def markdown_table(columns: list[str], rows: list[list[Any]]) -> str:
+    lines = ["| " + " | ".join(markdown_cell(c) for c in columns) + " |", "|" + " --- |" * len(columns)]
+    lines += ["| " + " | ".join(markdown_cell(value) for value in row) + " |" for row in rows]
+    return "\n".join(lines)
 
 
 class TensorboardLogger(Logger):
     def __init__(self, settings: TensorboardSettings, run_name: str):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=settings.log_dir or f"runs/{run_name}")
-        self.flush_interval = max(1, settings.flush_interval)
-        self.calls = 0
+        self.log_dir = os.path.join(settings.log_dir or "tensorboard_logs", run_name)
+        self.run_name = run_name
+        # flushed on our schedule only, as Composer does (a year between timed flushes)
+        self.writer = SummaryWriter(log_dir=self.log_dir, flush_secs=365 * 24 * 3600)
+        self.flush_interval = settings.flush_interval
+        self.hyperparameters: dict[str, Any] = {}
+        self.last_metrics: dict[str, float] = {}
 
     def log_hyperparameters(self, config):
+        config = mask_secrets(config)
+        self.hyperparameters.update({k: hparam_value(v) for k, v in config.items()})
         self.writer.add_text("config", "```yaml\n" + yaml.safe_dump(config, sort_keys=False) + "```", 0)
 
     def log_metrics(self, metrics, step):
         for key, value in metrics.items():
+            if isinstance(value, str):
+                continue
             self.writer.add_scalar(key, value, step)
-        self.calls += 1
-        if self.calls % self.flush_interval == 0:
+            self.last_metrics[key] = float(value)
+        if step % self.flush_interval == 0:
             self.writer.flush()
 
+    def log_table(self, columns, rows, name, step):
+        self.writer.add_text(name, markdown_table(columns, rows), step)
+
     def close(self):
+        scores = {f"hparams/{k}": v for k, v in self.last_metrics.items() if "metric" in k or "loss" in k}
+        if self.hyperparameters and scores:
+            # the HPARAMS tab: one row per run, written to <log_dir>/<run_name>/<run_name> as add_hparams does
+            self.writer.add_hparams(self.hyperparameters, scores, run_name=self.run_name)
         self.writer.close()
 
 
-@loggers.register("tensorboard", config=TensorboardSettings)
+@loggers.register("tensorboard", config=TensorboardSettings,
+                  differs="writes the hparams once, when the run ends (Composer: after each evaluation), and the "
+                          "config and the callbacks' tables as text (Composer writes neither)")
 def build_tensorboard(settings: TensorboardSettings, run_name: str) -> Logger:
     return TensorboardLogger(settings, run_name)

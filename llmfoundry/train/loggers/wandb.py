@@ -1,11 +1,22 @@
-"""wandb logger (set WANDB_MODE=offline to log without a network)."""
+"""wandb logger: Composer's WandBLogger keys (set WANDB_MODE=offline, or mode: offline, to log without a network).
+
+``project``, ``group``, ``name``, ``entity`` and ``tags`` go to ``wandb.init`` and win over the same keys in
+``init_kwargs``; the run is named after the recipe's run_name unless one of them names it. With ``log_artifacts``
+each checkpoint the trainer saves becomes an artifact named after its folder (type ``checkpoint``, aliases
+``latest`` and ``ep{epoch}-ba{batch}``): a local folder is added with its files, an s3:// checkpoint as a reference
+(not checksummed: the upload may still be running when the trainer reports it). A table a callback logs becomes a
+``wandb.Table`` logged under its name at its step.
+"""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from llmfoundry.config.fields import option
+from llmfoundry.config.secrets import mask_secrets
 from llmfoundry.registry import loggers
 from llmfoundry.train.loggers.base import Logger
 
@@ -13,36 +24,68 @@ from llmfoundry.train.loggers.base import Logger
 @dataclass
 class WandbSettings:
     project: str | None = option(None, "wandb project")
-    entity: str | None = option(None, "wandb entity (user or team)")
-    name: str | None = option(None, "run name (default: the recipe's run_name)")
     group: str | None = option(None, "run group")
-    tags: list[str] = option(default_factory=list, doc="run tags")
-    mode: str | None = option(None, "online, offline or disabled (default: WANDB_MODE or online)")
-    dir: str | None = option(None, "local folder for wandb files")
+    name: str | None = option(None, "run name (default: the recipe's run_name)")
+    entity: str | None = option(None, "wandb entity (user or team)")
+    tags: list[str] | None = option(None, "run tags")
+    log_artifacts: bool = option(False, "log each saved checkpoint as a wandb artifact")
+    rank_zero_only: bool = option(True, "log from rank 0 only",
+                                  unsupported="logging from every rank (loggers run on rank 0 only here)")
     init_kwargs: dict[str, Any] = option(default_factory=dict, doc="more keyword arguments for wandb.init")
+    mode: str | None = option(None, "online, offline or disabled (default: WANDB_MODE or online; not a Composer "
+                                    "key, same as init_kwargs.mode)")
+    dir: str | None = option(None, "local folder for wandb files (not a Composer key, same as init_kwargs.dir)")
+
+
+def init_arguments(settings: WandbSettings, run_name: str) -> dict[str, Any]:
+    """wandb.init's keyword arguments: init_kwargs, overridden by the named keys that are set (as Composer does)."""
+    kwargs = dict(settings.init_kwargs)
+    named = {"project": settings.project, "group": settings.group, "name": settings.name,
+             "entity": settings.entity, "tags": settings.tags, "mode": settings.mode, "dir": settings.dir}
+    kwargs.update({key: value for key, value in named.items() if value is not None})
+    if kwargs.get("name") is None:
+        kwargs["name"] = run_name
+    if "config" in kwargs:  # what wandb stores as the run's config: never with a token in it
+        kwargs["config"] = mask_secrets(kwargs["config"])
+    return kwargs
+
+
+def artifact_name(path: str) -> str:
+    """wandb accepts letters, digits, '-', '_' and '.' in artifact names (Composer replaces the rest with '.')."""
+    return re.sub(r"[^a-zA-Z0-9\-_.]", ".", path.rstrip("/").rsplit("/", 1)[-1])
 
 
 class WandbLogger(Logger):
     def __init__(self, settings: WandbSettings, run_name: str):
         import wandb
 
-        kwargs = dict(settings.init_kwargs)
-        kwargs.setdefault("project", settings.project)
-        kwargs.setdefault("entity", settings.entity)
-        kwargs.setdefault("name", settings.name or run_name)
-        kwargs.setdefault("group", settings.group)
-        kwargs.setdefault("tags", settings.tags or None)
-        if settings.mode:
-            kwargs.setdefault("mode", settings.mode)
-        if settings.dir:
-            kwargs.setdefault("dir", settings.dir)
-        self.run = wandb.init(**kwargs)
+        self.wandb = wandb
+        self.log_artifacts = settings.log_artifacts
+        self.run = wandb.init(**init_arguments(settings, run_name))
 
     def log_hyperparameters(self, config):
-        self.run.config.update(config, allow_val_change=True)
+        self.run.config.update(mask_secrets(config), allow_val_change=True)
 
     def log_metrics(self, metrics, step):
-        self.run.log(metrics, step=step)
+        self.run.log(dict(metrics), step=step)  # wandb.log changes the dict it is given
+
+    def log_table(self, columns, rows, name, step):
+        # a column may hold values of several types (an eval output's token ids: a list, or a list of lists)
+        table = self.wandb.Table(columns=list(columns), rows=[list(row) for row in rows], allow_mixed_types=True)
+        self.run.log({name: table}, step=step)
+
+    def log_checkpoint(self, path, epoch, batch):
+        if not self.log_artifacts:
+            return
+        artifact = self.wandb.Artifact(name=artifact_name(path), type="checkpoint",
+                                       metadata={"timestamp/epoch": epoch, "timestamp/batch": batch})
+        if "://" in path:
+            artifact.add_reference(path.rstrip("/") + "/", checksum=False)
+        elif Path(path).is_dir():
+            artifact.add_dir(path)
+        else:
+            artifact.add_file(path)
+        self.run.log_artifact(artifact, aliases=["latest", f"ep{epoch}-ba{batch}"])
 
     def close(self):
         self.run.finish()

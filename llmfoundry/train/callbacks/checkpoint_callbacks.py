@@ -1,0 +1,150 @@
+"""Checkpoints beside the run's own: mono_checkpoint_saver (llm-foundry's MonolithicCheckpointSaver) and
+load_checkpoint (Composer's LoadCheckpoint).
+
+mono_checkpoint_saver writes, every ``batch_interval`` batches and at the end of training, one file
+``{save_folder}/{filename}`` (local or s3://) with the full, unsharded model weights gathered from every rank.
+Its layout is Composer's monolithic checkpoint: ``torch.save({"state": {"model": {name: tensor}, "timestamp":
+{"Timestamp": {...}}, "run_name": ...}, "rng": []})`` with Composer's parameter names (``model.`` + the model's
+own), so ``load_path`` reads it as a Composer checkpoint (weights, and the time unless load_weights_only); it holds
+no optimizer state (the run's own checkpoints in save_folder have it), no Hugging Face config (so ``convert``
+cannot rebuild a model from it alone) and none of Composer's objects (so Composer cannot resume from it).
+
+load_checkpoint loads a checkpoint (ours or Composer's, local or s3://) into the run at its start, as the trainer
+loads load_path. Composer runs it at an event: ``before_load`` (the default) is before the run's own
+load_path/autoresume checkpoint, which then replaces it, so here it is loaded only when the run loaded none;
+``after_load`` and ``fit_start`` load it after the run's own, over it.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+from llmfoundry.config.fields import option
+from llmfoundry.core import dist, objectstore
+from llmfoundry.core.errors import ConfigError
+from llmfoundry.core.notices import notice_once
+from llmfoundry.registry import callbacks
+from llmfoundry.train import checkpointer
+from llmfoundry.train.callbacks.base import Callback
+from llmfoundry.train.callbacks.param_names import composer_name
+
+NAME_FIELDS = ("run_name", "rank", "world_size", "epoch", "batch", "batch_in_epoch", "sample", "token")
+KEY = "callbacks.mono_checkpoint_saver"
+EVENTS = ("init", "before_load", "after_load", "fit_start")  # Composer's events that happen before training here
+
+
+@dataclass
+class MonoCheckpointSaverSettings:
+    save_folder: str = option(doc="where the files go, a local folder or s3://bucket/prefix")
+    batch_interval: int = option(doc="write one every this many batches (and at the end of training)")
+    filename: str = option("ep{epoch}-ba{batch}.pt", "the file's name; may use " +
+                           ", ".join("{" + name + "}" for name in NAME_FIELDS))
+    overwrite: bool = option(False, "in an object store, replace an existing file of the same name (false: an "
+                                    "error); a local file is replaced either way, as in llm-foundry")
+    keep_optimizers: bool = option(False, "also save the optimizer state",
+                                   unsupported="optimizer state in the monolithic file (it is in the run's own "
+                                               "checkpoints: save_folder)")
+
+    def check_settings(self, path: str) -> list[str]:
+        problems = [] if self.batch_interval > 0 else [f"{path}.batch_interval: must be positive"]
+        if objectstore.is_remote(self.save_folder):
+            try:
+                objectstore.check_url(self.save_folder, f"{path}.save_folder")
+            except ConfigError as error:
+                problems.append(str(error))
+        return problems
+
+
+class MonoCheckpointSaver(Callback):
+    def __init__(self, settings: MonoCheckpointSaverSettings):
+        self.s = settings
+        self.written: list[str] = []  # rank 0: the files, in order
+
+    def on_batch_end(self, trainer, metrics):
+        if trainer.time.batch % self.s.batch_interval == 0:
+            self.save(trainer)
+
+    def on_fit_end(self, trainer):
+        if trainer.time.batch % self.s.batch_interval != 0:
+            self.save(trainer)
+
+    def save(self, trainer) -> None:
+        """Collective: every rank gathers its shards; rank 0 writes the file."""
+        fields = dict(vars(trainer.time), run_name=trainer.run_name, rank=dist.rank(), world_size=dist.world_size())
+        try:
+            folder, filename = self.s.save_folder.format(**fields), self.s.filename.format(**fields)
+        except (KeyError, IndexError, ValueError) as error:
+            raise ConfigError(f"callbacks.mono_checkpoint_saver: '{self.s.filename}' names an unknown field "
+                              f"({error}); use {', '.join('{' + n + '}' for n in NAME_FIELDS)}") from None
+        target = objectstore.join(folder, filename)
+        # as Composer: a local file is replaced; an upload over an existing object needs overwrite
+        remote_clash = objectstore.is_remote(folder) and not self.s.overwrite and dist.broadcast_object(
+            objectstore.ObjectFolder(folder, KEY).exists(filename) if dist.rank() == 0 else None)
+        if remote_clash:
+            raise ConfigError(f"{KEY}: '{target}' already exists (set overwrite: true or choose another save_folder)")
+        weights = get_model_state_dict(trainer.model, options=StateDictOptions(full_state_dict=True,
+                                                                               cpu_offload=True))
+        if dist.rank() == 0:
+            # Composer's Timestamp fields; sample_in_epoch is where a resumed train loader continues
+            timestamp = dict(vars(trainer.time), sample_in_epoch=trainer.time.batch_in_epoch *
+                             trainer.cfg.global_train_batch_size)
+            state = {"model": {composer_name(name): value for name, value in weights.items()},
+                     "timestamp": {"Timestamp": timestamp}, "run_name": trainer.run_name}
+            buffer = io.BytesIO()
+            torch.save({"state": state, "rng": []}, buffer)
+            objectstore.write_bytes(target, buffer.getvalue())
+            self.written.append(target)
+            trainer._print(f"mono_checkpoint_saver: wrote {target}")
+        dist.barrier()
+
+
+@dataclass
+class LoadCheckpointSettings:
+    load_path: str = option(doc="the checkpoint: ours or Composer's, a local path or s3://")
+    load_weights_only: bool = option(False, "load only the model weights (not optimizer, schedule, time, data "
+                                            "position)")
+    strict_model_weights: bool = option(True, "the checkpoint's weights must match the model's exactly")
+    ignore_keys: list[str] | None = option(None, "Composer's state keys not to load (as load_ignore_keys)")
+    event: str = option("BEFORE_LOAD", "when to load: before_load (only when the run loads no checkpoint of its "
+                                       "own), after_load or fit_start (over the run's own)")
+
+    def check_settings(self, path: str) -> list[str]:
+        if self.event.lower() not in EVENTS:
+            return [f"{path}.event: '{self.event}' is not supported here (use {', '.join(EVENTS)}: loading during "
+                    "training, at another event, is not done by this trainer)"]
+        return []
+
+
+class LoadCheckpoint(Callback):
+    def __init__(self, settings: LoadCheckpointSettings):
+        self.s = settings
+        self.loaded = False
+
+    def on_fit_start(self, trainer):
+        s = self.s
+        if s.event.lower() in ("init", "before_load") and trainer.restored_from is not None:
+            notice_once(f"callbacks.load_checkpoint: not loaded: the run's own checkpoint {trainer.restored_from} "
+                        f"replaces it (event: {s.event}; use event: after_load to load it over the run's own)")
+            return
+        staging = checkpointer.remote_staging(s.load_path, trainer.cfg.checkpoint_upload)
+        path = checkpointer.resolve_load_path(s.load_path, staging)
+        trainer.restore(path, s.load_weights_only, s.strict_model_weights, s.ignore_keys)
+        self.loaded = True
+
+
+@callbacks.register("mono_checkpoint_saver", config=MonoCheckpointSaverSettings, differs=(
+    "the file holds the full model weights, time and run name in Composer's layout and names, without optimizer "
+    "state, HF config or Composer objects: load_path reads it, Composer cannot resume from it"))
+def build_mono_checkpoint_saver(settings: MonoCheckpointSaverSettings) -> Callback:
+    return MonoCheckpointSaver(settings)
+
+
+@callbacks.register("load_checkpoint", config=LoadCheckpointSettings, differs=(
+    "loaded when training starts; with event before_load (the default) only if the run loads no checkpoint of "
+    "its own (in llm-foundry that one then replaces it); events during training are refused"))
+def build_load_checkpoint(settings: LoadCheckpointSettings) -> Callback:
+    return LoadCheckpoint(settings)

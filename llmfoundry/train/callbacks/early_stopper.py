@@ -1,0 +1,115 @@
+"""early_stopper (Composer's EarlyStopper): stop training when a metric has not improved for ``patience``.
+
+The metric is ``metrics/{dataloader_label}/{monitor}`` as this trainer logs it: ``dataloader_label: eval`` with
+``monitor: LanguageCrossEntropy`` reads ``metrics/eval/LanguageCrossEntropy`` after each evaluation; an
+``eval_loaders`` entry's label ``eval/<label>`` reads ``metrics/eval/<label>/...``. ``dataloader_label: train``
+reads ``metrics/train/<monitor>`` after each batch (the model's train metrics; with use_train_metrics: false,
+LanguageCrossEntropy and LanguagePerplexity still come from the training loss). The run then ends as at
+max_duration: a final evaluation and, with save_folder, a checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from llmfoundry.config.fields import option
+from llmfoundry.core.errors import ConfigError
+from llmfoundry.core.timeunits import Time
+from llmfoundry.registry import callbacks
+from llmfoundry.train.callbacks.base import Callback, stop_training
+
+KEY = "callbacks.early_stopper"
+# without the model's train metrics (use_train_metrics: false), these come from the training loss
+TRAIN_METRICS = {"LanguageCrossEntropy": lambda loss: loss, "LanguagePerplexity": lambda loss: math.exp(min(loss, 700))}
+LOWER_IS_BETTER = ("loss", "error", "perplexity")  # Composer's rule for the default comparison
+
+
+@dataclass
+class EarlyStopperSettings:
+    monitor: str = option(doc="the metric's name, e.g. LanguageCrossEntropy or InContextLearningLMAccuracy")
+    dataloader_label: str = option(doc="where the metric comes from: eval, eval/<eval_loaders label>, an ICL "
+                                       "metric's prefix (icl/...), or train")
+    comp: str | None = option(None, "gt/greater (higher is better) or lt/less; default: less when the name "
+                                    "contains loss, error or perplexity, else greater")
+    min_delta: float = option(0.0, "a new best must beat the old one by more than this")
+    patience: Any = option(1, "how long the metric may not improve: an int (epochs) or a time string in ba or ep")
+
+    def check_settings(self, path: str) -> list[str]:
+        problems = []
+        if self.comp is not None and self.comp.lower() not in ("gt", "greater", "lt", "less"):
+            problems.append(f"{path}.comp: '{self.comp}' is not gt, greater, lt or less")
+        try:
+            patience = _patience(self.patience)
+        except ValueError as error:
+            return problems + [f"{path}.patience: {error}"]
+        if self.dataloader_label == "train" and patience.unit != "ba":
+            problems.append(f"{path}.patience: with dataloader_label train it must be in batches here (e.g. "
+                            "'500ba'): this trainer has no per-epoch train metrics")
+        return problems
+
+
+def _patience(value: Any) -> Time:
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(f"expected an int (epochs) or a time string such as '500ba', got {value!r}")
+    patience = Time.parse(value)  # an int is epochs
+    if patience.unit not in ("ba", "ep"):
+        raise ValueError(f"must be in batches or epochs (ba, ep), got '{value}'")
+    return patience
+
+
+class EarlyStopper(Callback):
+    def __init__(self, settings: EarlyStopperSettings):
+        self.s = settings
+        self.patience = _patience(settings.patience)
+        comp = (settings.comp or "").lower()
+        if comp:
+            self.lower_is_better = comp in ("lt", "less")
+        else:
+            self.lower_is_better = any(word in settings.monitor.lower() for word in LOWER_IS_BETTER)
+        self.best: float | None = None
+        self.best_at: tuple[int, int] = (0, 0)  # (batch, epoch) of the best value
+
+    def on_batch_end(self, trainer, metrics):
+        if self.s.dataloader_label != "train":
+            return
+        name = f"metrics/train/{self.s.monitor}"
+        if name in metrics:
+            self._update(trainer, float(metrics[name]))
+        elif self.s.monitor in TRAIN_METRICS:
+            self._update(trainer, TRAIN_METRICS[self.s.monitor](metrics["loss/train/total"]))
+        else:
+            shown = ", ".join(sorted(k for k in metrics if k.startswith("metrics/train/"))) or "none"
+            raise ConfigError(f"{KEY}.monitor: no train metric '{name}' (logged: {shown}); monitor one of them or "
+                              "add it to model.additional_train_metrics")
+
+    def on_eval_end(self, trainer, metrics):
+        if self.s.dataloader_label == "train":
+            return
+        label = self.s.dataloader_label
+        names = (f"metrics/{label}/{self.s.monitor}", f"{label}/{self.s.monitor}")
+        found = [metrics[name] for name in names if name in metrics]
+        if not found:
+            shown = ", ".join(sorted(metrics)[:8]) or "none"
+            raise ConfigError(f"{KEY}: no metric '{names[0]}' after evaluation (logged: {shown}); set monitor and "
+                              "dataloader_label to one of them")
+        self._update(trainer, float(found[0]))
+
+    def _update(self, trainer, value: float) -> None:
+        now = (trainer.time.batch, trainer.time.epoch)
+        if self.best is None:
+            self.best, self.best_at = value, now
+        else:
+            better = value < self.best if self.lower_is_better else value > self.best
+            if better and abs(value - self.best) > abs(self.s.min_delta):
+                self.best, self.best_at = value, now
+        index = 0 if self.patience.unit == "ba" else 1
+        if now[index] - self.best_at[index] > self.patience.value:
+            stop_training(trainer, f"early_stopper: {self.s.monitor} has not improved on {self.best:.6g} for "
+                                   f"{now[index] - self.best_at[index]}{self.patience.unit}")
+
+
+@callbacks.register("early_stopper", config=EarlyStopperSettings)
+def build_early_stopper(settings: EarlyStopperSettings) -> Callback:
+    return EarlyStopper(settings)

@@ -1,0 +1,208 @@
+"""The machine a run uses: system_metrics_monitor (Composer's SystemMetricsMonitor) and env_logging (llm-foundry's
+EnvironmentLoggingCallback).
+
+system_metrics_monitor logs, every batch, Composer's metric names: ``cpu_percentage``, ``cpu_memory_<field>``
+(psutil's virtual_memory), ``disk_memory_<field>`` (disk usage of /), ``network_<field>`` (I/O counters) and, on
+CUDA (through NVML, the ``nvidia-ml-py`` package), ``gpu_percentage``, ``memory_percentage``,
+``gpu_temperature_C`` and ``gpu_power_usage_W`` per rank: as ``min_/max_<name>_rank_<r>`` or, with
+``log_all_data``, ``<name>_rank_<r>`` for every rank.
+
+env_logging logs, once at the start, ``environment_data`` among the run's hyperparameters: git commit and branch of
+each repository under ``workspace_dir``, package versions, CUDA/cuDNN/NCCL versions, and on request the system, GPUs
+and process layout.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import socket
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed
+
+from llmfoundry.config.fields import option
+from llmfoundry.core import dist
+from llmfoundry.core.errors import ConfigError
+from llmfoundry.core.notices import notice_once
+from llmfoundry.registry import callbacks
+from llmfoundry.train.callbacks.base import Callback
+
+GPU_METRICS = ("gpu_percentage", "memory_percentage", "gpu_temperature_C", "gpu_power_usage_W")
+PACKAGES_TO_LOG = ["llm-foundry", "llmfoundry", "mosaicml", "megablocks", "grouped-gemm", "torch", "flash_attn",
+                   "transformers", "datasets", "peft"]  # llm-foundry's list, and this project's own package
+
+
+@dataclass
+class SystemMetricsMonitorSettings:
+    log_all_data: bool = option(False, "log each rank's GPU metrics, not only the minimum and maximum")
+
+
+def _psutil(key: str):
+    try:
+        import psutil  # optional: only these callbacks need it
+    except ImportError:
+        raise ConfigError(f"{key}: needs psutil (pip install psutil), or remove the callback") from None
+    return psutil
+
+
+class SystemMetricsMonitor(Callback):
+    def __init__(self, settings: SystemMetricsMonitorSettings):
+        self.log_all_data = settings.log_all_data
+        self.nvml = None
+        self.psutil = _psutil("callbacks.system_metrics_monitor")
+
+    def on_fit_start(self, trainer):
+        if trainer.device.type == "cuda":
+            try:
+                import pynvml  # optional: only GPU metrics need it
+            except ImportError:
+                raise ConfigError("callbacks.system_metrics_monitor: GPU metrics need NVML (pip install "
+                                  "nvidia-ml-py), or remove the callback") from None
+            pynvml.nvmlInit()
+            self.nvml = pynvml
+
+    def on_batch_end(self, trainer, metrics):
+        everyone = _gather(self.local_metrics(trainer))
+        for rank, values in enumerate(everyone):
+            for key, value in values.items():
+                if key not in GPU_METRICS:
+                    metrics[key] = value
+                elif self.log_all_data:
+                    metrics[f"{key}_rank_{rank}"] = value
+        if self.nvml is not None and not self.log_all_data:
+            for key in GPU_METRICS:
+                values = [rank_values[key] for rank_values in everyone]
+                low = min(range(len(values)), key=values.__getitem__)
+                high = max(range(len(values)), key=values.__getitem__)
+                metrics[f"min_{key}_rank_{low}"] = values[low]
+                metrics[f"max_{key}_rank_{high}"] = values[high]
+
+    def local_metrics(self, trainer) -> dict[str, float]:
+        values: dict[str, float] = {}
+        if self.nvml is not None:
+            nvml = self.nvml
+            handle = nvml.nvmlDeviceGetHandleByIndex(trainer.device.index or 0)
+            rates = nvml.nvmlDeviceGetUtilizationRates(handle)
+            values["gpu_percentage"] = float(rates.gpu)
+            values["memory_percentage"] = float(rates.memory)
+            values["gpu_temperature_C"] = float(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))
+            values["gpu_power_usage_W"] = nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0  # mW
+        psutil = self.psutil
+        values["cpu_percentage"] = float(psutil.cpu_percent())
+        for prefix, fields in (("cpu_memory", psutil.virtual_memory()), ("disk_memory", psutil.disk_usage(os.sep)),
+                               ("network", psutil.net_io_counters())):
+            for key, value in fields._asdict().items():
+                values[f"{prefix}_{key}"] = float(value)
+        return values
+
+
+def _gather(values: dict[str, float]) -> list[dict[str, float]]:
+    if dist.world_size() == 1:
+        return [values]
+    everyone: list[Any] = [None] * dist.world_size()
+    torch.distributed.all_gather_object(everyone, values)
+    return everyone
+
+
+@dataclass
+class EnvLoggingSettings:
+    workspace_dir: str = option("/workspace", "folder whose git repositories (its subfolders) are logged")
+    log_git: bool = option(True, "commit and branch of each repository under workspace_dir")
+    log_nvidia: bool = option(True, "CUDA, cuDNN and NCCL versions")
+    log_docker: bool = option(True, "the run's Docker image", differs="the image is looked up on the MosaicML "
+                                                                     "platform (mcli) in llm-foundry; not logged here")
+    log_packages: bool = option(True, "versions of packages_to_log")
+    log_system: bool = option(False, "Python, OS, host name, CPU and memory")
+    log_gpu: bool = option(False, "GPU model, count and memory")
+    log_distributed: bool = option(False, "world size, local world size, rank and local rank")
+    packages_to_log: list[str] | None = option(None, "packages whose versions are logged (default: llm-foundry's "
+                                                     "list and llmfoundry)")
+
+
+class EnvLogging(Callback):
+    def __init__(self, settings: EnvLoggingSettings):
+        self.s = settings
+        self.env_data: dict[str, Any] = {}
+
+    def on_fit_start(self, trainer):
+        s, data = self.s, self.env_data
+        if s.log_git:
+            data["git_info"] = self._git_info()
+        if s.log_packages:
+            data["package_versions"] = {name: _version(name) for name in (s.packages_to_log or PACKAGES_TO_LOG)}
+        if s.log_nvidia:
+            data["nvidia"] = _nvidia_info()
+        if s.log_system:
+            psutil = _psutil("callbacks.env_logging.log_system")
+            memory = psutil.virtual_memory()
+            data["system_info"] = {
+                "python_version": platform.python_version(), "os": f"{platform.system()} {platform.release()}",
+                "hostname": socket.gethostname(),
+                "cpu_info": {"model": platform.processor(), "cores": psutil.cpu_count(logical=False),
+                             "threads": psutil.cpu_count(logical=True)},
+                "memory": {"total": memory.total, "available": memory.available}}
+        if s.log_gpu:
+            data["gpu_info"] = ({"model": torch.cuda.get_device_name(0), "count": torch.cuda.device_count(),
+                                 "memory": {"total": torch.cuda.get_device_properties(0).total_memory,
+                                            "allocated": torch.cuda.memory_allocated(0)}}
+                                if torch.cuda.is_available() else {"available": False})
+        if s.log_distributed:
+            data["distributed_info"] = {"world_size": dist.world_size(),
+                                        "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+                                        "rank": dist.rank(), "local_rank": int(os.environ.get("LOCAL_RANK", "0"))}
+        for logger in trainer.loggers:
+            logger.log_hyperparameters({"environment_data": data})
+
+    def _git_info(self) -> dict[str, dict[str, str]]:
+        workspace = Path(self.s.workspace_dir)
+        if not workspace.is_dir():
+            notice_once(f"callbacks.env_logging.workspace_dir: '{workspace}' does not exist; no git information "
+                        "is logged (set workspace_dir or log_git: false)")
+            return {}
+        found = {}
+        for folder in sorted(workspace.iterdir()):
+            if (folder / ".git").exists():
+                commit, branch = _git(folder, "HEAD"), _git(folder, "--abbrev-ref", "HEAD")
+                if commit:
+                    found[folder.name] = {"commit_hash": commit, "branch": branch}
+        return found
+
+
+def _git(folder: Path, *args: str) -> str:
+    try:
+        done = subprocess.run(["git", "-C", str(folder), "rev-parse", *args], capture_output=True, text=True,
+                              timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout.strip() if done.returncode == 0 else ""
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _nvidia_info() -> dict[str, Any]:
+    if not torch.cuda.is_available():
+        return {"available": False}
+    nccl = torch.cuda.nccl.version()
+    return {"cuda_version": torch.version.cuda, "cudnn_version": str(torch.backends.cudnn.version()),
+            "nccl_version": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)}
+
+
+@callbacks.register("system_metrics_monitor", config=SystemMetricsMonitorSettings)
+def build_system_metrics_monitor(settings: SystemMetricsMonitorSettings) -> Callback:
+    return SystemMetricsMonitor(settings)
+
+
+@callbacks.register("env_logging", config=EnvLoggingSettings)
+def build_env_logging(settings: EnvLoggingSettings) -> Callback:
+    return EnvLogging(settings)

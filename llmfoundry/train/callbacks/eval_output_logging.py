@@ -1,0 +1,80 @@
+"""eval_output_logging (llm-foundry's EvalOutputLogging): after each evaluation, one table per ICL task and
+shot count, ``<label>/<n>-shot_step_<batch>``, with a row per example: ``input`` (the prompt as text), ``outputs``
+(the generated text, for generation tasks), ``result`` (1.0 when scored correct, by the task's first metric),
+``correct_choice_idx`` (the gold choice, for multiple-choice tasks), ``category`` and ``run_name``; with
+``log_tokens``, ``input_tokens`` too.
+
+llm-foundry also logs the eval_loader's batches (their inputs and argmax outputs); this trainer scores its
+eval loaders without per-batch hooks, so only the ICL tasks are logged (a notice says so when there are eval
+loaders).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from llmfoundry.config.fields import option
+from llmfoundry.core.notices import notice_once
+from llmfoundry.registry import callbacks
+from llmfoundry.train.callbacks.base import Callback
+from llmfoundry.train.callbacks.tables import log_table
+
+KEY = "callbacks.eval_output_logging"
+
+
+@dataclass
+class EvalOutputLoggingSettings:
+    log_tokens: bool = option(False, "also log the input token ids")
+    log_output_text: bool | None = option(None, "log the generated text of generation tasks (default: yes)")
+
+
+class EvalOutputLogging(Callback):
+    def __init__(self, settings: EvalOutputLoggingSettings):
+        self.s = settings
+        self.tables: dict[str, tuple[list[str], list[list[Any]]]] = {}  # the last evaluation's tables (rank 0)
+
+    def on_fit_start(self, trainer):
+        if trainer.eval_loaders:
+            notice_once(f"{KEY}: logs the ICL tasks' outputs; the eval loaders' batches (which llm-foundry also "
+                        "logs) are not")
+        if trainer.icl is None:
+            notice_once(f"{KEY}: the run has no icl_tasks, so there is nothing to log")
+
+    def on_eval_end(self, trainer, metrics):
+        if trainer.icl is None or not trainer.dist.is_main:
+            return
+        self.tables = {}
+        for run in trainer.icl.evaluator.runs:
+            if not run.results:
+                continue
+            examples = {ex.index: ex for ex in run.examples}
+            columns, rows = self.table(run, examples, trainer.run_name)
+            name = f"{run.name}_step_{trainer.time.batch}"
+            self.tables[name] = (columns, rows)
+            log_table(trainer, name, columns, rows, KEY)
+
+    def table(self, run, examples: dict, run_name: str) -> tuple[list[str], list[list[Any]]]:
+        with_outputs = self.s.log_output_text is not False and "output" in run.results[0]
+        with_gold = run.task.scoring == "choices"
+        columns = ["input"] + (["outputs"] if with_outputs else []) + ["result"]
+        columns += (["correct_choice_idx"] if with_gold else []) + ["category", "run_name"]
+        columns += ["input_tokens"] if self.s.log_tokens else []
+        rows = []
+        for result in run.results:
+            ex = examples[result["index"]]
+            row = [ex.text] + ([result["output"]] if with_outputs else [])
+            row.append(next(iter(result["correct"].values()), 0.0))
+            row += ([ex.gold] if with_gold else []) + [result["category"], run_name]
+            if self.s.log_tokens:
+                row.append(ex.prompt if ex.prompt is not None else [s.tokens for s in ex.sequences])
+            rows.append(row)
+        return columns, rows
+
+
+@callbacks.register("eval_output_logging", config=EvalOutputLoggingSettings, differs=(
+    "only the ICL tasks are logged (not the eval loaders' batches), with the columns input, outputs, result, "
+    "correct_choice_idx, category, run_name (llm-foundry's depend on the metric); tables go to loggers that "
+    "record them, else to the console"))
+def build_eval_output_logging(settings: EvalOutputLoggingSettings) -> Callback:
+    return EvalOutputLogging(settings)

@@ -1,0 +1,46 @@
+"""fdiff_metrics (llm-foundry's FDiffMetrics): the change of each metric since its previous value, logged as
+``<metric>_fdiff``: the training loss and train metrics after each batch (``diff_train_metrics``), the evaluation
+metrics after each evaluation (``diff_eval_metrics``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmfoundry.config.fields import option
+from llmfoundry.registry import callbacks
+from llmfoundry.train.callbacks.base import Callback
+
+
+@dataclass
+class FDiffSettings:
+    diff_train_metrics: bool = option(False, "log loss/train/total_fdiff and metrics/train/<name>_fdiff")
+    diff_eval_metrics: bool = option(True, "log <eval metric>_fdiff after each evaluation")
+
+
+class FDiffMetrics(Callback):
+    def __init__(self, settings: FDiffSettings):
+        self.s = settings
+        self.previous_train: dict[str, float] = {}
+        self.previous_eval: dict[str, float] = {}
+
+    def on_batch_end(self, trainer, metrics):
+        if self.s.diff_train_metrics:
+            names = ["loss/train/total"] + [k for k in metrics if k.startswith("metrics/train/")]
+            _diff(metrics, names, self.previous_train)
+
+    def on_eval_end(self, trainer, metrics):
+        if self.s.diff_eval_metrics:
+            _diff(metrics, [k for k in metrics if not k.endswith("_fdiff")], self.previous_eval)
+
+
+def _diff(metrics: dict[str, float], names: list[str], previous: dict[str, float]) -> None:
+    for name in names:
+        value = float(metrics[name])
+        if name in previous:
+            metrics[f"{name}_fdiff"] = value - previous[name]
+        previous[name] = value
+
+
+@callbacks.register("fdiff_metrics", config=FDiffSettings)
+def build_fdiff_metrics(settings: FDiffSettings) -> Callback:
+    return FDiffMetrics(settings)

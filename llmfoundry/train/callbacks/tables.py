@@ -1,0 +1,31 @@
+"""Tables from callbacks (generations, eval outputs) for the loggers.
+
+A logger records a table when it has ``log_table(columns, rows, name, step)`` (Composer's signature). When none of
+the run's loggers has one, the table goes to the console instead, with a notice saying so once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmfoundry.core.notices import notice_once
+
+
+def log_table(trainer: Any, name: str, columns: list[str], rows: list[list[Any]], key: str) -> int:
+    """Hand the table to every logger that records tables (rank 0 holds the loggers); returns how many took it."""
+    taken = 0
+    for logger in trainer.loggers:
+        record = getattr(logger, "log_table", None)
+        if callable(record):
+            record(columns, rows, name=name, step=trainer.time.batch)
+            taken += 1
+    if trainer.dist.is_main and not taken:
+        notice_once(f"{key}: none of the run's loggers records tables; they are printed to the console")
+        trainer._print(format_table(name, columns, rows))
+    return taken
+
+
+def format_table(name: str, columns: list[str], rows: list[list[Any]]) -> str:
+    lines = [f"[{name}]", " | ".join(columns)]
+    lines += [" | ".join(str(value).replace("\n", "\\n") for value in row) for row in rows]
+    return "\n".join(lines)

@@ -1,0 +1,299 @@
+"""llm-foundry's registered callbacks, part 1: stopping (early_stopper, nan_monitor, kill_loss_spike, run_timeout),
+monitoring (optimizer_monitor, system_metrics_monitor, env_logging, loss_perp_v_len, CUDA memory snapshots) and
+scheduled_gc. Each trains the tiny recipe for a few batches."""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import json
+import math
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from llmfoundry.core.errors import ConfigError
+from llmfoundry.train.callbacks.base import Callback
+from llmfoundry.train.callbacks.loss_perp_v_len import LossPerpVLen, LossPerpVLenSettings
+from llmfoundry.train.errors import TrainingStopped
+from tests.helpers import make_trainer
+
+
+def rows(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+class TableRecorder:
+    """A logger that records tables (the ``log_table`` interface the callbacks hand tables to)."""
+
+    def __init__(self):
+        self.tables: list[tuple[str, list[str], list[list], int]] = []
+
+    def log_table(self, columns, rows, name, step):
+        self.tables.append((name, columns, rows, step))
+
+    def log_hyperparameters(self, config): ...
+
+    def log_metrics(self, metrics, step): ...
+
+    def close(self): ...
+
+
+class SetLoss(Callback):
+    """Replaces the logged training loss of batch ``at`` (runs before the callbacks that read it)."""
+
+    def __init__(self, at: int, value: float):
+        self.at, self.value = at, value
+
+    def on_batch_end(self, trainer, metrics):
+        if trainer.time.batch == self.at:
+            metrics["loss/train/total"] = self.value
+
+
+# ----- stopping -----
+def test_early_stopper_ends_the_run_cleanly_when_the_eval_metric_stops_improving(recipe, tmp_path):
+    # comp gt on a falling loss: batch 1's value stays the best, so with patience 1ba the run stops at batch 3,
+    # evaluated and checkpointed as at max_duration
+    stopper = {"monitor": "LanguageCrossEntropy", "dataloader_label": "eval", "comp": "gt", "patience": "1ba"}
+    trainer = make_trainer(recipe(max_duration="8ba", eval_interval="1ba", save_folder=str(tmp_path / "ck"),
+                                  save_interval="10ba", callbacks={"early_stopper": stopper}))
+    trainer.fit()
+    assert trainer.time.batch == 3
+    assert [batch for batch, _ in trainer.history.losses] == [1, 2, 3]
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir() if p.is_dir()) == ["ep0-ba3"]
+
+
+def test_early_stopper_on_the_train_loss_and_its_checks(recipe):
+    # min_delta 100: no later loss counts as an improvement on batch 1's, so patience 2ba ends the run at batch 4
+    stopper = {"monitor": "LanguageCrossEntropy", "dataloader_label": "train", "min_delta": 100, "patience": "2ba"}
+    trainer = make_trainer(recipe(eval_loader=None, max_duration="8ba", callbacks={"early_stopper": stopper}))
+    trainer.fit()
+    assert trainer.time.batch == 4
+    with pytest.raises(ConfigError, match=r"early_stopper.patience: with dataloader_label train it must be in batch"):
+        make_trainer(recipe(callbacks={"early_stopper": dict(stopper, patience=1)}))
+    with pytest.raises(ConfigError, match=r"early_stopper.monitor: no train metric 'metrics/train/Nope'"):
+        make_trainer(recipe(eval_loader=None, max_duration="1ba", callbacks={
+            "early_stopper": dict(stopper, monitor="Nope")})).fit()
+    wrong = {"monitor": "Nope", "dataloader_label": "eval", "patience": "1ba"}
+    with pytest.raises(ConfigError, match=r"no metric 'metrics/eval/Nope' after evaluation"):
+        make_trainer(recipe(max_duration="2ba", eval_interval="1ba", callbacks={"early_stopper": wrong})).fit()
+
+
+class Poison(Callback):
+    def on_batch_start(self, trainer):
+        if trainer.time.batch == 1:
+            torch.nn.init.constant_(trainer.model.get_input_embeddings().weight, float("nan"))
+
+
+def test_nan_monitor_stops_before_a_nan_batch_is_applied(recipe):
+    trainer = make_trainer(recipe(eval_loader=None, max_duration="4ba", callbacks={"nan_monitor": {}}))
+    trainer.callbacks.insert(0, Poison())
+    with pytest.raises(TrainingStopped, match=r"nan_monitor: the training loss is NaN at batch 2"):
+        trainer.fit()
+    assert trainer.time.batch == 1
+
+
+def test_kill_loss_spike_stops_on_a_spike_or_only_logs_it(recipe):
+    spike = {"window_size": 2, "patience": 0, "outlier_multiplier": 2, "log_only": False}
+    trainer = make_trainer(recipe(eval_loader=None, max_duration="6ba", callbacks={"kill_loss_spike": spike}))
+    trainer.callbacks.insert(0, SetLoss(4, 1000.0))
+    with pytest.raises(TrainingStopped, match=r"kill_loss_spike: loss spike: 1 losses in a row .* at batch 4"):
+        trainer.fit()
+    # log_only: the run goes on; a loss cap below every loss makes the losses "persistently high" after 2 windows
+    trainer = make_trainer(recipe(eval_loader=None, max_duration="5ba", callbacks={
+        "kill_loss_spike": dict(spike, log_only=True, loss_cap=0.01, outlier_multiplier=100)}))
+    trainer.fit()
+    watcher = trainer.callbacks[0]
+    assert trainer.time.batch == 5
+    assert [event.split(":")[1].strip() for event in watcher.events] == ["high losses", "high losses"]
+    assert watcher.events[0].endswith("at batch 4")
+
+
+def test_run_timeout_interrupts_a_process_that_lingers_after_training(recipe):
+    interrupted = []
+    previous = signal.signal(signal.SIGINT, lambda *_: interrupted.append(time.monotonic()))
+    try:
+        trainer = make_trainer(recipe(eval_loader=None, max_duration="2ba", callbacks={"run_timeout": {"timeout": 1}}))
+        trainer.fit()
+        ended = time.monotonic()
+        assert not interrupted  # training itself is not limited
+        deadline = ended + 10
+        while not interrupted and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert interrupted and interrupted[0] - ended >= 0.9
+
+
+class GCProbe(Callback):
+    def __init__(self):
+        self.in_training, self.in_eval = [], []
+
+    def on_batch_end(self, trainer, metrics):
+        self.in_training.append(gc.isenabled())
+
+    def on_eval_end(self, trainer, metrics):
+        self.in_eval.append(gc.isenabled())
+
+
+def test_scheduled_gc_turns_automatic_collection_off_during_training(recipe):
+    assert gc.isenabled()
+    trainer = make_trainer(recipe(max_duration="4ba", eval_interval="2ba", callbacks={
+        "scheduled_gc": {"batch_interval": 2, "gen_1_batch_interval": 1}}))
+    probe = GCProbe()
+    trainer.callbacks.insert(0, probe)  # its on_eval_end runs before scheduled_gc turns collection off again
+    trainer.fit()
+    assert probe.in_training == [False] * 4 and probe.in_eval == [True, True]
+    assert trainer.callbacks[1].collections == 2  # before batches 1 and 3 (0 and 2 done)
+    assert gc.isenabled()  # as it was before training
+
+
+# ----- monitoring -----
+class Before(Callback):
+    """The weights just before the optimizer step of batch ``at``."""
+
+    def __init__(self, at: int):
+        self.at, self.weights = at, {}
+
+    def should_skip_step(self, trainer, loss):
+        if trainer.time.batch + 1 == self.at:
+            self.weights = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
+        return False
+
+
+def test_optimizer_monitor_logs_composer_named_norms(recipe, tmp_path):
+    path = tmp_path / "m.jsonl"
+    trainer = make_trainer(recipe(eval_loader=None, max_duration="2ba", loggers={"jsonl": {"path": str(path)}},
+                                  callbacks={"optimizer_monitor": {"batch_log_interval": 2}}))
+    before = Before(2)
+    trainer.callbacks.insert(0, before)
+    trainer.fit()
+    steps = [r for r in rows(path) if "step" in r]
+    assert not any(k.startswith("l2_norm/") for k in steps[0])
+    logged = steps[1]
+    name = "model.transformer.blocks.0.ffn.up_proj.weight"
+    param = dict(trainer.model.named_parameters())[name.removeprefix("model.")]
+    assert logged[f"l2_norm/param/{name}"] == pytest.approx(float(param.detach().norm()), rel=1e-5)
+    # the update is the step just applied (Adam direction x bias-corrected lr, plus weight decay)
+    applied = param.detach() - before.weights[name.removeprefix("model.")]
+    assert logged[f"l2_norm/update/{name}"] == pytest.approx(float(applied.norm()), rel=1e-3)
+    grads = [v for k, v in logged.items() if k.startswith("l2_norm/grad/model.")]
+    assert len(grads) == len(list(trainer.model.parameters()))
+    assert logged["l2_norm/grad/global"] == pytest.approx(math.sqrt(sum(g * g for g in grads)))
+    assert logged["l2_norm/grad/global"] <= 1.0 + 1e-5  # after gradient_clipping (threshold 1.0)
+    assert f"l2_norm/moment/{name}" in logged
+
+
+def test_system_metrics_monitor_logs_cpu_memory_disk_and_network(recipe, tmp_path):
+    path = tmp_path / "m.jsonl"
+    make_trainer(recipe(eval_loader=None, max_duration="2ba", loggers={"jsonl": {"path": str(path)}},
+                        callbacks={"system_metrics_monitor": {}})).fit()
+    last = rows(path)[-1]
+    assert 0 <= last["cpu_percentage"] <= 100 * 64
+    assert last["cpu_memory_total"] > last["cpu_memory_available"] > 0
+    assert last["disk_memory_total"] > 0 and "network_bytes_sent" in last
+    if not torch.cuda.is_available():
+        assert not any("gpu_percentage" in k for k in last)
+
+
+def test_env_logging_logs_git_commits_and_package_versions(recipe, tmp_path):
+    repo = tmp_path / "workspace" / "myrepo"
+    repo.mkdir(parents=True)
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
+    (repo / "f.txt").write_text("x")
+    subprocess.run(git + ["add", "f.txt"], check=True)
+    subprocess.run(git + ["commit", "-q", "-m", "x"], check=True)
+    commit = subprocess.run(git + ["rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    path = tmp_path / "m.jsonl"
+    make_trainer(recipe(eval_loader=None, max_duration="2ba", loggers={"jsonl": {"path": str(path)}},
+                        callbacks={"env_logging": {"workspace_dir": str(repo.parent), "log_system": True,
+                                                   "log_distributed": True}})).fit()
+    logged = [r["hyperparameters"] for r in rows(path) if "hyperparameters" in r]
+    env = next(h["environment_data"] for h in logged if "environment_data" in h)
+    assert env["git_info"] == {"myrepo": {"commit_hash": commit, "branch": "main"}}
+    assert env["package_versions"]["torch"].split("+")[0] == torch.__version__.split("+")[0]
+    assert env["distributed_info"]["world_size"] == 1 and env["system_info"]["cpu_info"]["threads"] >= 1
+
+
+def test_loss_perp_v_len_tables_average_the_loss_by_position(recipe, tmp_path):
+    path = tmp_path / "m.jsonl"
+    trainer = make_trainer(recipe(eval_loader=None, max_duration="3ba", loggers={"jsonl": {"path": str(path)}},
+                                  callbacks={"loss_perp_v_len": {"compute_batch_interval": 1,
+                                                                 "log_batch_interval": 2}}))
+    recorder = TableRecorder()
+    trainer.loggers.append(recorder)
+    trainer.fit()
+    names = {name.rsplit("/", 1)[1] for name, *_ in recorder.tables}
+    assert names == {"mean_loss_v_len", "mean_perplexity_v_len", "sum_length", "mean_loss_seq_id_v_len",
+                     "mean_perplexity_seq_id_v_len", "sum_length_seq_id"}
+    tables = {(name.rsplit("/", 1)[1], step): (columns, table) for name, columns, table, step in recorder.tables}
+    columns, (first,) = tables[("mean_loss_v_len", 1)]  # logged after the first batch (batch index 0)
+    assert columns[-1] == "batch_index" and len(columns) == 65 and first[-1] == 0
+    (lengths,) = tables[("sum_length", 1)][1]
+    assert lengths[:63] == [8] * 63 and lengths[63] == 0  # 8 samples; the last position has no next token
+    assert first[63] == -1
+    loss = sum(first[i] * lengths[i] for i in range(63)) / sum(lengths[:63])
+    first_step = [r for r in rows(path) if "step" in r][0]  # the jsonl file also holds the tables
+    assert loss == pytest.approx(first_step["loss/train/total"], rel=1e-4)  # the batch's loss, by position
+    assert [row[-1] for row in tables[("mean_loss_v_len", 3)][1]] == [1, 2]
+
+
+def test_loss_perp_v_len_realigns_packed_sequences():
+    callback = LossPerpVLen(LossPerpVLenSettings(log_batch_interval=1, compute_batch_interval=1))
+    torch.manual_seed(0)
+    logits = torch.randn(1, 6, 5)
+    labels = torch.tensor([[1, 2, 3, 4, 0, -100]])
+    sequence_id = torch.tensor([[0, 0, 0, 1, 1, -1]])
+    callback._update(labels, logits, sequence_id)
+    targets = torch.tensor([2, 3, 4, 0, -100, -100])
+    loss = F.cross_entropy(logits[0], targets, ignore_index=-100, reduction="none")
+    # position 0 of each packed sequence: tokens 0 and 3; position 1: tokens 1 and 4; position 2: token 2
+    expected = torch.stack([loss[0] + loss[3], loss[1] + loss[4], loss[2]])
+    torch.testing.assert_close(callback.sums["loss_seq_id"][:3], expected)
+    assert callback.sums["length_seq_id"].tolist() == [2, 1, 1, 0, 0, 0]
+    assert callback.sums["length"].tolist() == [1, 1, 1, 1, 0, 0]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the notice on machines without CUDA")
+@pytest.mark.parametrize("name", ["memory_snapshot", "oom_observer"])
+def test_cuda_memory_callbacks_do_nothing_on_a_cpu_with_a_notice(recipe, tmp_path, caplog, name):
+    folder = tmp_path / "traces"
+    make_trainer(recipe(eval_loader=None, max_duration="2ba", callbacks={name: {"folder": str(folder)}})).fit()
+    assert not folder.exists()
+    assert f"callbacks.{name}: CUDA memory snapshots need a CUDA device" in caplog.text
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_memory_snapshot_writes_the_allocator_history_on_cuda(recipe, tmp_path):
+    folder = tmp_path / "traces"
+    trainer = make_trainer(recipe(eval_loader=None, max_duration="4ba", callbacks={
+        "memory_snapshot": {"folder": str(folder), "interval": "2ba", "skip_batches": 1},
+        "oom_observer": {"folder": str(tmp_path / "oom")}}))
+    trainer.fit()
+    # recording starts before batch 2 (one skipped) and the files are written after batch 3
+    assert sorted(p.name for p in folder.iterdir()) == ["rank0.3.memory_snapshot.html",
+                                                        "rank0.3.memory_snapshot.pickle"]
+    observer = trainer.callbacks[1]
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        torch.empty(1 << 50, dtype=torch.uint8, device="cuda")
+    assert sorted(p.name.removeprefix("rank0_oom") for p in observer.written) == [
+        "_memory_flamegraph.svg", "_segment_flamegraph.svg", "_segment_plot.html", "_snapshot.pickle",
+        "_trace_plot.html"]
+    torch.cuda.memory._record_memory_history(None)
+
+
+def test_fdiff_metrics_logs_the_change_since_the_previous_value(recipe, tmp_path):
+    path = tmp_path / "m.jsonl"
+    make_trainer(recipe(max_duration="3ba", eval_interval="1ba", loggers={"jsonl": {"path": str(path)}},
+                        callbacks={"fdiff_metrics": {"diff_train_metrics": True}})).fit()
+    steps = [r for r in rows(path) if "step" in r]
+    assert not any(k.endswith("_fdiff") for k in steps[0])
+    for before, now in itertools.pairwise(steps):
+        for name in ("loss/train/total", "metrics/eval/LanguageCrossEntropy"):
+            assert now[f"{name}_fdiff"] == pytest.approx(now[name] - before[name])
