@@ -16,6 +16,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "chat": ("llmfoundry.inference.chat", "chat with a model in the terminal"),
     "check": ("llmfoundry.commands.check", "validate a recipe and list what differs from llm-foundry: llmfoundry check "
               "RECIPE.yaml"),
+    "slurm": ("llmfoundry.commands.slurm", "submit a training job to Slurm: llmfoundry slurm RECIPE.yaml --nodes N "
+              "--gpus-per-node G"),
+    "k8s": ("llmfoundry.commands.k8s", "write Kubeflow TrainJob/PyTorchJob manifests: llmfoundry k8s RECIPE.yaml "
+            "--nodes N --gpus-per-node G --image IMAGE"),
     "data": ("llmfoundry.data.prep.cli", "prepare datasets as MDS shards: llmfoundry data {text,json,hf,finetuning}"),
 }
 

@@ -1,13 +1,79 @@
-"""torch.distributed set-up from torchrun's environment; world size 1 needs no process group."""
+"""torch.distributed set-up from the launcher's environment; world size 1 needs no process group.
+
+Where the ranks come from, first match wins: a process group that is already initialised (Ray Train, a notebook,
+a test harness) is used as it is; torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT); a task
+that ``srun`` started directly (SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_LOCALID, SLURM_NODEID and the step's
+node list, whose first host is the master); Kubeflow's ``PET_*`` variables for one process per pod. The last two
+are written back as torchrun's variables, so the rest of the code reads one set of names.
+"""
 
 from __future__ import annotations
 
 import datetime
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from llmfoundry.core.errors import ConfigError
+from llmfoundry.core.hostlist import expand_counts, expand_hostlist
+
+TORCHRUN_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def rendezvous_port(job_id: int | str) -> int:
+    """A port derived from a Slurm job id, the same on every node of the job (the batch script computes it too),
+    and different for jobs that share a node."""
+    return 20000 + int(job_id) % 20000
+
+
+def _int(environ: Mapping[str, str], key: str) -> int:
+    try:
+        return int(environ[key])
+    except ValueError:
+        raise ConfigError(f"{key}: '{environ[key]}' is not a whole number (the launcher set it wrongly)") from None
+
+
+def launcher_environment(environ: Mapping[str, str]) -> tuple[str, dict[str, str]]:
+    """(the launcher's name, torchrun's variables for this process) read from ``environ``; ('none', {}) when no
+    launcher describes several processes. torchrun's variables win over Slurm's and Kubeflow's."""
+    if "RANK" in environ and "WORLD_SIZE" in environ:
+        return "torchrun", {}
+    if "SLURM_PROCID" in environ and "SLURM_STEP_NUM_TASKS" in environ:  # a task of an srun step, not the batch shell
+        nodes = expand_hostlist(environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST", ""))
+        if not nodes:
+            raise ConfigError("SLURM_STEP_NODELIST: empty; cannot find the master host (start the job with srun)")
+        return "slurm", {
+            "RANK": str(_int(environ, "SLURM_PROCID")),
+            "WORLD_SIZE": str(_int(environ, "SLURM_STEP_NUM_TASKS")),
+            "LOCAL_RANK": str(_int(environ, "SLURM_LOCALID")) if "SLURM_LOCALID" in environ else "0",
+            "LOCAL_WORLD_SIZE": str(_local_tasks(environ)),
+            "MASTER_ADDR": environ.get("MASTER_ADDR", nodes[0]),
+            "MASTER_PORT": environ.get("MASTER_PORT", str(rendezvous_port(environ.get("SLURM_JOB_ID", "0")))),
+        }
+    if "PET_NNODES" in environ and "PET_NODE_RANK" in environ:  # Kubeflow, without torchrun in the command
+        per_node = environ.get("PET_NPROC_PER_NODE", "1")
+        if per_node not in ("1", "auto") and per_node.isdigit() and int(per_node) > 1:
+            raise ConfigError(f"PET_NPROC_PER_NODE: {per_node} processes per pod need torchrun as the container "
+                              "command (llmfoundry k8s writes it); a plain python command runs one process per pod")
+        nnodes = environ["PET_NNODES"].split(":")[-1]  # torchrun's elastic form MIN:MAX
+        return "kubeflow", {
+            "RANK": environ["PET_NODE_RANK"], "WORLD_SIZE": nnodes, "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+            "MASTER_ADDR": environ.get("PET_MASTER_ADDR", "127.0.0.1"),
+            "MASTER_PORT": environ.get("PET_MASTER_PORT", "29500"),
+        }
+    return "none", {}
+
+
+def _local_tasks(environ: Mapping[str, str]) -> int:
+    counts = environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE")
+    if not counts:
+        return 1
+    per_node = expand_counts(counts)
+    node = int(environ.get("SLURM_NODEID", "0"))
+    return per_node[node] if node < len(per_node) else per_node[-1]
 
 
 @dataclass(frozen=True)
@@ -23,10 +89,17 @@ class DistInfo:
 
 
 def init_distributed(timeout_s: float = 600.0) -> DistInfo:
-    """Join the process group torchrun describes (gloo on CPU, nccl on CUDA) and pick this rank's device."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    """Join the process group the launcher describes (gloo on CPU, nccl on CUDA) and pick this rank's device."""
+    if dist.is_initialized():  # someone else (Ray, a caller) made the group: use it as it is
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+        local_rank = int(os.environ.get("LOCAL_RANK", str(rank % max(1, torch.cuda.device_count()))))
+        os.environ.setdefault("LOCAL_RANK", str(local_rank))
+    else:
+        _, variables = launcher_environment(os.environ)
+        os.environ.update(variables)  # later readers (LOCAL_RANK in checkpoint downloads, env://) see torchrun's names
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        rank = int(os.environ.get("RANK", "0"))
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)

@@ -19,6 +19,7 @@ from llmfoundry.core.timeunits import Time, check_time
 from llmfoundry.data.prep.quickstart import PrepareDataConfig
 from llmfoundry.eval.config import GauntletConfig, ICLTaskConfig
 from llmfoundry.train import compat
+from llmfoundry.train.preemption import parse_wallclock, signal_number
 from llmfoundry.train.profiling import ProfilerConfig
 from llmfoundry.train.settings import CheckpointUploadConfig, CompileConfig, FSDPConfig
 
@@ -148,6 +149,18 @@ class TrainConfig:
     load_weights_only: bool = option(False, "load only model weights from load_path (fresh optimizer and time)")
     load_strict_model_weights: bool = option(True, "fail when load_path lacks or adds model weights")
     autoresume: bool = option(False, "resume from the newest complete checkpoint in save_folder")
+    # --- preemption (train/preemption.py; the Slurm and Kubernetes set-ups in docs/clusters.md) ---
+    preemption_signal: Annotated[str, Check(signal_number)] | None = option(
+        "SIGUSR2", "signal that stops training at the next agreed batch with a checkpoint and exit code 75 (requeue "
+        "me); SIGTERM always does the same with exit code 143 (cancelled); none = only SIGTERM"
+    )
+    preemption_check_interval: PositiveInt = option(
+        5, "batches between the ranks' agreement on a stop request (one all-reduce of two numbers)"
+    )
+    exit_before_walltime: Annotated[str | int | float, Check(parse_wallclock)] | None = option(
+        None, "stop with a checkpoint and exit code 75 this long (e.g. 10m, 300s) before the job's end time "
+        "($SLURM_JOB_END_TIME, or $LLMFOUNDRY_JOB_END_TIME in seconds since the epoch)"
+    )
     log_config: bool = option(True, "log the resolved config (secrets masked) to every logger at the start")
     # --- code and process settings ---
     code_paths: list[str] = option(

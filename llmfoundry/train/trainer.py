@@ -126,9 +126,7 @@ class Trainer:
         self.checkpointer = checkpointer.Checkpointer(cfg.save_folder, cfg.checkpoint_upload,
                                                     keep=cfg.save_num_checkpoints_to_keep,
                                                     overwrite=cfg.save_overwrite)
-        # SIGTERM, preemption_signal, the flag file and exit_before_walltime stop the run cleanly (train/preemption.py)
-        self.preemption = preemption.Preemption(cfg.preemption_signal, cfg.preemption_check_interval,
-                                                cfg.exit_before_walltime, self.device)
+        self.preemption = preemption.Preemption.from_config(cfg, self.device)  # stop cleanly when asked to
         self.batch: dict[str, torch.Tensor] | None = None  # the device batch being trained on (for callbacks)
 
         self.train_loader = build_dataloader(cfg.train_loader, self.tokenizer, self.device_batch_size, "train_loader")
@@ -252,6 +250,7 @@ class Trainer:
         if cfg.eval_first and self.time.batch == 0 and self.can_evaluate:
             last_metrics.update(self.evaluate())
             last_eval_batch = 0
+        self.preemption.install()  # signal handlers for the loop (main thread only); put back after it
         while self.time.batch < self.max_batches:
             progressed = False
             for device_batch in self.train_loader:

@@ -1,0 +1,171 @@
+"""Stopping cleanly when the scheduler wants the machines back: save, then exit with a code that says why.
+
+Four things ask for a stop: SIGTERM (a cancel, or Kubernetes evicting the pod), the recipe's preemption_signal
+(SIGUSR2 by default: Slurm's ``--signal`` ahead of the time limit), a flag file (``$LLMFOUNDRY_PREEMPT_FILE``,
+which the Slurm batch script creates when *it* receives the signal, so torchrun never sees one it does not
+handle), and a wall-clock deadline (``exit_before_walltime`` before the job's end time). Any of them only sets a
+flag; every ``preemption_check_interval`` batches the ranks agree on it with one all-reduce, so all of them stop
+after the same batch. Then the newest state is saved synchronously (an upload in flight is finished first and the
+checkpoint is marked complete) and the process exits: ``REQUEUE_EXIT_CODE`` (run me again) or 143 (SIGTERM:
+cancelled, do not requeue). Rank 0 also writes the code to ``$LLMFOUNDRY_EXIT_FILE``, because torchrun reports
+any failed worker as 1.
+
+Handlers are installed only on the main thread, when the training loop starts, and put back when it ends; in a
+forked data loader worker the handler restores the default action and re-raises, so workers die as they always did.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from llmfoundry.core import dist
+from llmfoundry.core.notices import notice_once
+
+log = logging.getLogger(__name__)
+
+REQUEUE_EXIT_CODE = 75  # EX_TEMPFAIL: "try again later"; the Slurm batch script requeues on it
+CANCEL_EXIT_CODE = 143  # 128 + SIGTERM, what a process killed by SIGTERM reports
+FLAG_FILE_ENV = "LLMFOUNDRY_PREEMPT_FILE"
+EXIT_FILE_ENV = "LLMFOUNDRY_EXIT_FILE"
+END_TIME_ENVS = ("SLURM_JOB_END_TIME", "LLMFOUNDRY_JOB_END_TIME")  # the job's end, in seconds since the epoch
+_WALLCLOCK = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|hr)?\s*$")
+_UNIT_SECONDS = {None: 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600}
+
+
+def parse_wallclock(value: str | float) -> float:
+    """Seconds of a wall-clock duration: 300, '300s', '5m', '1.5h'."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        match = _WALLCLOCK.match(str(value))
+        if match is None:
+            raise ValueError(f"'{value}' is not a duration (use seconds, or e.g. '300s', '10m', '1h')")
+        seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    if seconds <= 0:
+        raise ValueError(f"'{value}' must be more than 0 seconds")
+    return seconds
+
+
+def signal_number(name: str) -> int:
+    """signal.SIGUSR2 for 'SIGUSR2' or 'USR2'."""
+    full = name.upper() if name.upper().startswith("SIG") else f"SIG{name.upper()}"
+    number = getattr(signal, full, None)
+    if not isinstance(number, signal.Signals):
+        raise ValueError(f"'{name}' is not a signal of this system (e.g. SIGUSR2, SIGUSR1, SIGINT)")
+    return int(number)
+
+
+def job_end_time(environ) -> float | None:
+    for key in END_TIME_ENVS:
+        text = environ.get(key, "").strip()
+        if text.isdigit() and int(text) > 0:
+            return float(text)
+    return None
+
+
+class Preemption:
+    """The stop flag: set by signals, the flag file or the deadline; agreed on by all ranks."""
+
+    def __init__(self, signal_name: str | None, check_interval: int, exit_before_walltime=None,
+                 device: torch.device | None = None, environ=None):
+        environ = os.environ if environ is None else environ
+        self.check_interval = max(1, int(check_interval))
+        self.device = device or torch.device("cpu")
+        self.requeue_signal = signal_number(signal_name) if signal_name else None
+        self.flag_file = environ.get(FLAG_FILE_ENV) or None
+        self.exit_file = environ.get(EXIT_FILE_ENV) or None
+        self.deadline: float | None = None
+        if exit_before_walltime is not None:
+            end = job_end_time(environ)
+            if end is None:
+                notice_once("exit_before_walltime: the job's end time is unknown (no SLURM_JOB_END_TIME or "
+                            "LLMFOUNDRY_JOB_END_TIME), so no deadline is watched")
+            else:
+                self.deadline = end - parse_wallclock(exit_before_walltime)
+        self.signalled: str | None = None  # 'requeue' or 'cancel', set by a handler
+        self._previous: dict[int, object] = {}
+        self._pid = os.getpid()
+
+    @classmethod
+    def from_config(cls, cfg, device: torch.device) -> Preemption:
+        """From the recipe's preemption_signal, preemption_check_interval and exit_before_walltime."""
+        return cls(cfg.preemption_signal, cfg.preemption_check_interval, cfg.exit_before_walltime, device)
+
+    # ----- signal handlers -----
+    def install(self) -> None:
+        """Install the handlers (main thread only: Python allows no other; elsewhere the flag file and the
+        deadline still work)."""
+        if self._previous or threading.current_thread() is not threading.main_thread():
+            return
+        wanted = {int(signal.SIGTERM)} | ({self.requeue_signal} if self.requeue_signal else set())
+        for number in wanted:
+            self._previous[number] = signal.signal(number, self._handle)
+
+    def uninstall(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for number, previous in self._previous.items():
+            signal.signal(number, previous)
+        self._previous = {}
+
+    def _handle(self, number: int, _frame) -> None:
+        if os.getpid() != self._pid:  # a forked data loader worker: behave as if we were never here
+            signal.signal(number, signal.SIG_DFL)
+            os.kill(os.getpid(), number)
+            return
+        reason = "cancel" if number == signal.SIGTERM else "requeue"
+        if self.signalled != "cancel":  # a cancel is never downgraded to a requeue
+            self.signalled = reason
+
+    # ----- the agreed flag -----
+    def local_reason(self) -> str | None:
+        if self.signalled:
+            return self.signalled
+        if self.flag_file and os.path.exists(self.flag_file):
+            return "requeue"
+        if self.deadline is not None and time.time() >= self.deadline:
+            return "requeue"
+        return None
+
+    def should_stop(self, step: int) -> str | None:
+        """'requeue', 'cancel' or None, the same on every rank; collective every check_interval batches."""
+        if step % self.check_interval:
+            return None
+        reason = self.local_reason()
+        votes = torch.tensor([float(reason == "requeue"), float(reason == "cancel")], device=self.device)
+        requeue, cancel = dist.all_reduce_sum(votes).tolist()
+        return "cancel" if cancel > 0 else "requeue" if requeue > 0 else None
+
+    def exit_code(self, reason: str) -> int:
+        return CANCEL_EXIT_CODE if reason == "cancel" else REQUEUE_EXIT_CODE
+
+
+def stop_for_preemption(trainer, reason: str, saved: bool) -> None:
+    """Save (unless this batch was just saved), wait for every upload, close the loggers and exit the process."""
+    preemption = trainer.preemption
+    code = preemption.exit_code(reason)
+    if trainer.cfg.save_folder and not saved:
+        trainer.save()
+    elif not trainer.cfg.save_folder:
+        log.warning("stopping for preemption without a save_folder: batches since the start are lost")
+    uploaded = trainer.checkpointer.finish(trainer.cfg.checkpoint_upload.wait_at_end_s)
+    if not uploaded:
+        log.error("some checkpoint uploads to %s did not complete before the preemption exit", trainer.cfg.save_folder)
+    trainer._print(f"preempted ({reason}) after batch {trainer.time.batch}: checkpoint saved, exiting with {code}")
+    for logger in trainer.loggers:
+        logger.close()
+    preemption.uninstall()
+    if trainer.dist.is_main and preemption.exit_file:  # before the barrier: once one rank exits, torchrun
+        Path(preemption.exit_file).parent.mkdir(parents=True, exist_ok=True)  # stops the others
+        Path(preemption.exit_file).write_text(f"{code}\n")
+    dist.barrier()  # everything is on disk on every rank before any of them exits
+    dist.destroy()
+    raise SystemExit(code)

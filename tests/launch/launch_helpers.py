@@ -1,0 +1,141 @@
+"""Helpers for the launch tests: submit with `llmfoundry slurm`, watch jobs with scontrol, find ranks' processes."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from llmfoundry import cli
+from tests.dist.helpers import REPO, losses, worker_env
+
+WORKER = REPO / "tests" / "dist" / "_train_worker.py"  # registers the record_samples callback (via code_paths)
+
+
+def fixed_partition(recipe: dict) -> dict:
+    """Streaming's sample order depends on the number of canonical nodes, which defaults to the number of physical
+    nodes: fixing it makes one node with 2 ranks and 2 nodes with 1 rank each train on the same batches."""
+    recipe["train_loader"]["dataset"]["num_canonical_nodes"] = 2
+    return recipe
+
+
+def write_recipe(recipe: dict, folder: Path, name: str = "recipe") -> Path:
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return path
+
+
+def llmfoundry(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """`llmfoundry ARGS` run in this process (in ``cwd``), its exit code and output as a CompletedProcess."""
+    out, err = io.StringIO(), io.StringIO()
+    previous = os.getcwd()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = cli.main(list(args))
+    finally:
+        os.chdir(previous)
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+
+
+def submit(recipe: Path, run_dir: Path, *extra: str) -> str:
+    """`llmfoundry slurm RECIPE --nodes 1 --gpus-per-node 2 --cpu --run-dir RUN_DIR ...` as a user runs it (its
+    own process: sbatch passes that environment on to the job); returns the job id."""
+    result = subprocess.run([sys.executable, "-m", "llmfoundry.cli", "slurm", str(recipe), "--nodes", "1",
+                             "--gpus-per-node", "2", "--cpu", "--run-dir", str(run_dir), *extra], cwd=run_dir.parent,
+                            env=worker_env(), check=False, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout.strip().splitlines()[-1]
+
+
+def sbatch(script: Path, *options: str) -> str:
+    result = subprocess.run(["sbatch", "--parsable", *options, str(script)], check=False, capture_output=True,
+                            text=True, env=worker_env(), cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip().split(";")[0]
+
+
+def job_info(job_id: str) -> dict[str, str]:
+    """`scontrol show job -o` as key -> value ({} once Slurm has forgotten the job)."""
+    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], check=False, capture_output=True, text=True).stdout
+    return dict(re.findall(r"(\w+)=(\S*)", out))
+
+
+def wait_for_state(job_id: str, states: set[str], timeout: float = 240, release: bool = True) -> dict[str, str]:
+    """Poll until the job's state is one of ``states``; a requeued job held until its BeginTime is released
+    (scontrol update StartTime=now) when ``release``."""
+    deadline = time.monotonic() + timeout
+    info: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        info = job_info(job_id)
+        if info.get("JobState") in states:
+            return info
+        if release and info.get("JobState") == "PENDING" and info.get("Reason") == "BeginTime" \
+                and not job_processes(job_id):  # released before its old step is gone, Slurm kills the new run
+            time.sleep(1)
+            subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=False, capture_output=True)
+        time.sleep(0.5)
+    raise AssertionError(f"job {job_id} never reached {states}: {info}")
+
+
+def wait_for_step(metrics: Path, step: int, job_id: str, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if max(losses(metrics), default=0) >= step:
+            return
+        state = job_info(job_id).get("JobState")
+        if state not in ("PENDING", "RUNNING", "CONFIGURING", None):
+            raise AssertionError(f"job {job_id} ended ({state}) before step {step}")
+        time.sleep(0.1)
+    raise AssertionError(f"job {job_id} did not reach step {step}")
+
+
+def job_log(run_dir: Path) -> str:
+    return "\n".join(p.read_text() for p in sorted((run_dir / "slurm").glob("*.out")))
+
+
+# Several "nodes" or "pods" on one host: each gets a /dev/shm of its own, as real machines have (the streaming data
+# loader's shared memory is named per host, so two node leaders on one host would collide).
+OWN_SHM = ["unshare", "-m", "--propagation", "private", "sh", "-c", 'mount -t tmpfs none /dev/shm && exec "$@"', "sh"]
+
+
+def process_environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+
+
+def parent_pid(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return 0
+
+
+def rank_processes(rank: int, **environ: str) -> list[int]:
+    """Training processes of ``rank`` (torchrun's workers, not their data loader workers, which inherit the
+    environment) whose environment also has ``environ``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        env = process_environ(int(proc.name))
+        if (env.get("RANK") == str(rank) and all(env.get(k) == v for k, v in environ.items())
+                and process_environ(parent_pid(int(proc.name))).get("RANK") != str(rank)):
+            found.append(int(proc.name))
+    return found
+
+
+def job_processes(job_id: str) -> list[int]:
+    """Processes still running for Slurm job ``job_id`` (its batch shell, srun, torchrun, workers)."""
+    return [int(p.name) for p in Path("/proc").iterdir()
+            if p.name.isdigit() and process_environ(int(p.name)).get("SLURM_JOB_ID") == job_id]

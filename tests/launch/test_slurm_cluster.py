@@ -1,0 +1,176 @@
+"""Acceptance on a real one-host Slurm cluster (tests/launch/setup_slurm.sh): `llmfoundry slurm` jobs train what
+torchrun trains, survive a preemption signal (requeue), a cancel (re-submission) and a killed rank (HyperPod's
+re-run of the same srun line), each ending with weights bitwise equal to the uninterrupted reference."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from llmfoundry.train.checkpoint import latest_checkpoint
+from tests.dist.helpers import (
+    checkpoint_weights,
+    losses,
+    run_job,
+    seen_rows,
+    torchrun_args,
+)
+from tests.helpers import tiny_recipe
+from tests.launch.launch_helpers import (
+    OWN_SHM,
+    WORKER,
+    fixed_partition,
+    job_info,
+    job_log,
+    rank_processes,
+    sbatch,
+    submit,
+    wait_for_state,
+    wait_for_step,
+    write_recipe,
+)
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(600)]
+FINAL = "ep0-ba10"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, mds_root, tokenizer_dir):
+    """`torchrun --nproc_per_node 2` on the tiny recipe: per-step losses, samples per batch, final weights."""
+    folder = tmp_path_factory.mktemp("reference")
+    recipe = tiny_recipe(mds_root, tokenizer_dir, eval_loader=None, max_duration="10ba", python_log_level=None,
+                         code_paths=[str(WORKER)], save_folder=str(folder / "ckpt"), save_interval="4ba",
+                         autoresume=True, callbacks={"record_samples": {"folder": str(folder)}},
+                         loggers={"jsonl": {"path": str(folder / "metrics.jsonl")}})
+    fixed_partition(recipe)
+    run_job(recipe, folder, "reference", entry=[*torchrun_args(2), "-m", "llmfoundry.cli", "train"])
+    return {"losses": losses(folder / "metrics.jsonl"), "batches": _batches(folder),
+            "weights": checkpoint_weights(folder / "ckpt" / FINAL)}
+
+
+def _batches(folder: Path) -> dict[int, list[str]]:
+    batches: dict[int, list[str]] = {}
+    for row in seen_rows(folder):
+        batches.setdefault(row["batch"], []).extend(row["rows"])
+    return batches
+
+
+def _assert_same_training(reference, folder: Path, exactly_once: bool = True) -> None:
+    """Final weights and per-step losses bitwise equal to the reference's; each batch made of the reference's
+    samples, and (``exactly_once``) trained once: a stop that checkpoints first loses and repeats nothing, while
+    after a SIGKILL the batches since the newest checkpoint are trained again (the rows appear twice)."""
+    got = checkpoint_weights(folder / "ckpt" / FINAL)
+    for key, expected in reference["weights"].items():
+        assert torch.equal(expected, got[key]), key
+    batches = _batches(folder)
+    assert sorted(batches) == list(range(1, 11))
+    for batch, rows in batches.items():
+        expected = sorted(reference["batches"][batch])
+        repeats = len(rows) // len(expected)
+        assert sorted(rows) == sorted(expected * repeats) and (repeats == 1 or not exactly_once), f"batch {batch}"
+    for step, loss in losses(folder / "metrics.jsonl").items():
+        assert loss == reference["losses"][step], f"step {step}"
+
+
+def test_a_one_node_job_trains_what_torchrun_trains(slurm_cluster, reference, launch_recipe, tmp_path):
+    recipe = write_recipe(launch_recipe(tmp_path / "run"), tmp_path)
+    job = submit(recipe, tmp_path / "run")
+    info = wait_for_state(job, {"COMPLETED", "FAILED", "CANCELLED"})
+    assert info["JobState"] == "COMPLETED", job_log(tmp_path / "run")
+    assert {p.name for p in (tmp_path / "run" / "slurm").iterdir()} >= {"job.sbatch", "recipe.yaml"}
+    _assert_same_training(reference, tmp_path / "run")
+
+
+def test_b_two_nodes_on_one_host_train_what_torchrun_trains(slurm_cluster, reference, launch_recipe, tmp_path):
+    """Two srun tasks ("nodes"), each torchrun --nnodes 2 --nproc-per-node 1, rendezvous on the first host."""
+    recipe = write_recipe(launch_recipe(tmp_path / "run"), tmp_path)
+    submit(recipe, tmp_path / "run", "--dry-run")
+    script = tmp_path / "run" / "slurm" / "job.sbatch"
+    own_shm = " ".join(shlex.quote(part) for part in OWN_SHM) + " "
+    text = script.read_text().replace("--nproc-per-node=2", "--nproc-per-node=1")
+    script.write_text(text.replace(f"    {sys.executable} -m torch.distributed.run",
+                                   f"    {own_shm}{sys.executable} -m torch.distributed.run"))
+    job = sbatch(script, "--nodes=1", "--ntasks=2", "--ntasks-per-node=2")
+    info = wait_for_state(job, {"COMPLETED", "FAILED", "CANCELLED"})
+    log = job_log(tmp_path / "run")
+    assert info["JobState"] == "COMPLETED", log
+    assert "2 torchrun task(s)" in log
+    _assert_same_training(reference, tmp_path / "run")
+
+
+def test_c_preemption_signal_checkpoints_requeues_and_resumes_bitwise(slurm_cluster, reference, launch_recipe,
+                                                                      tmp_path):
+    run = tmp_path / "run"
+    recipe = write_recipe(launch_recipe(run, preemption_check_interval=2), tmp_path)
+    job = submit(recipe, run)
+    wait_for_step(run / "metrics.jsonl", 3, job)
+    subprocess.run(["scancel", "--batch", "--signal=USR2", job], check=True)
+    info = wait_for_state(job, {"PENDING", "COMPLETED", "FAILED", "CANCELLED"}, release=False)
+    log = job_log(run)
+    assert info["JobState"] == "PENDING" and info["Restarts"] == "1", (info, log)
+    assert "requeueing job" in log
+    stopped = latest_checkpoint(run / "ckpt").name  # saved at the next agreed step (an even batch) after the signal
+    batch = int(stopped.split("ba")[1])
+    assert batch % 2 == 0 and 4 <= batch < 10, stopped
+    assert max(losses(run / "metrics.jsonl")) == batch  # nothing trained after the preemption checkpoint
+    info = wait_for_state(job, {"COMPLETED", "FAILED", "CANCELLED"})
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", job_log(run)
+    _assert_same_training(reference, run)
+
+
+def test_d_cancel_is_not_requeued_and_a_resubmission_resumes_from_a_complete_checkpoint(
+        slurm_cluster, reference, launch_recipe, tmp_path):
+    run = tmp_path / "run"
+    recipe = write_recipe(launch_recipe(run, save_interval="2ba"), tmp_path)
+    job = submit(recipe, run)
+    wait_for_step(run / "metrics.jsonl", 5, job)
+    subprocess.run(["scancel", job], check=True)
+    info = wait_for_state(job, {"CANCELLED", "COMPLETED", "FAILED"}, release=False)
+    assert info["JobState"] == "CANCELLED" and info["Restarts"] == "0", info
+    time.sleep(3)
+    assert job_info(job).get("JobState") == "CANCELLED"  # not requeued
+    assert (run / "slurm" / f"exit-{job}").read_text().strip() == "143"  # SIGTERM: checkpoint, then 143
+    newest = latest_checkpoint(run / "ckpt")
+    assert newest is not None and newest.name != FINAL
+    # A checkpoint that was being written when the job died: newer, but never marked complete.
+    partial = run / "ckpt" / ".tmp-ep0-ba9"
+    partial.mkdir()
+    (partial / "rank0.pt").write_bytes(b"cut short")
+    job2 = submit(recipe, run)
+    info = wait_for_state(job2, {"COMPLETED", "FAILED", "CANCELLED"})
+    assert info["JobState"] == "COMPLETED", job_log(run)
+    resumed_steps = sorted(s for s in losses(run / "metrics.jsonl"))
+    _assert_same_training(reference, run)
+    assert resumed_steps[-1] == 10
+
+
+def test_e_hyperpod_style_a_killed_rank_and_the_same_srun_line_rerun_resume(slurm_cluster, reference,
+                                                                           launch_recipe, tmp_path):
+    run = tmp_path / "run"
+    recipe = write_recipe(launch_recipe(run, save_interval="2ba"), tmp_path)
+    submit(recipe, run, "--dry-run", "--hyperpod", "on")
+    script = run / "slurm" / "job.sbatch"
+    text = script.read_text()
+    assert "--auto-resume=1" in text and "--no-requeue" in text and "MAX_REQUEUES=0" in text
+    # Debian's Slurm has no HyperPod auto-resume plugin: run the same script without the flag, and re-run it.
+    script.write_text(text.replace(" --auto-resume=1", ""))
+    job = sbatch(script)
+    wait_for_step(run / "metrics.jsonl", 5, job)
+    rank1 = rank_processes(1, SLURM_JOB_ID=job)
+    assert rank1, "rank 1 not found"
+    os.kill(rank1[0], signal.SIGKILL)
+    info = wait_for_state(job, {"FAILED", "COMPLETED", "CANCELLED"}, release=False)
+    assert info["JobState"] == "FAILED", job_log(run)
+    assert latest_checkpoint(run / "ckpt").name != FINAL
+    job2 = sbatch(script)
+    info = wait_for_state(job2, {"COMPLETED", "FAILED", "CANCELLED"})
+    assert info["JobState"] == "COMPLETED", job_log(run)
+    _assert_same_training(reference, run, exactly_once=False)
