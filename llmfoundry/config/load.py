@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -168,6 +169,16 @@ def interpolated_names(cfg: DictConfig) -> set[str]:
     return names
 
 
+def _is_scalar(value: Any) -> bool:
+    return value is None or isinstance(value, (str, int, float, bool))
+
+
+def _takes_a_section(hint: Any) -> bool:
+    """Whether a schema field holds a section (a settings dataclass or a dict), possibly optional."""
+    options = (hint, *typing.get_args(hint))
+    return any(dataclasses.is_dataclass(o) or o is dict or typing.get_origin(o) is dict for o in options)
+
+
 def adopt_top_level_variables(plain: dict[str, Any], schema: type, referenced: set[str]) -> list[str]:
     """Move llm-foundry's top-level variables (``data_local: ...`` used as ``${data_local}``) under ``variables``,
     as llm-foundry does (with a deprecation warning), and say so once; returns the moved keys.
@@ -175,7 +186,14 @@ def adopt_top_level_variables(plain: dict[str, Any], schema: type, referenced: s
     llm-foundry moves every unknown top-level key; here only a key that an interpolation reads, or one that is not
     close to any key of the schema, is moved: a near miss such as ``max_duraton`` stays an error with a suggestion."""
     known = {f.name for f in dataclasses.fields(schema)}
-    moved = [key for key in list(plain) if key not in known and (key in referenced or closest(key, known) is None)]
+    hints = typing.get_type_hints(schema)
+
+    def is_variable(key: str) -> bool:
+        near = closest(key, known)
+        # a plain value next to a section's name (model_name: gpt2 beside model: {...}) is no misspelt section
+        return key in referenced or near is None or (_is_scalar(plain[key]) and _takes_a_section(hints.get(near)))
+
+    moved = [key for key in list(plain) if key not in known and is_variable(key)]
     if not moved:
         return []
     variables = plain.setdefault("variables", {})
