@@ -2,6 +2,7 @@
 
     benchmarks/lf_env.sh /tmp/lf_venv                 # once: a throwaway venv with llm-foundry 0.22.0 on CPU
     python benchmarks/lf_parity.py --lf-python /tmp/lf_venv/bin/python [--recipe NAME ...] [--write-reference]
+                                   [--results benchmarks/results/lf_parity_cpu.md]
 
 Both sides train the same recipe (llm-foundry's YAML keys), on CPU in fp32, for a few batches, on data built here
 first: the test suite's tiny corpus, a 512-token byte-level BPE trained with `tokenizers` (a Hugging Face folder
@@ -9,6 +10,9 @@ both load), MDS shards of 64-token samples and, for hf_causal_lm, a tiny GPT-2 f
 (nothing is downloaded). Each side runs in its own process and records, per batch, the training loss, the learning
 rate the optimizer step ran at, the gradient norm before clipping and the step time; then the eval metrics and the
 start-up time (process start to the first batch).
+
+--results writes the speed figures (per recipe: the median over the batches of llm-foundry's step time divided by
+ours, and each side's start-up time) as a Markdown table with the machine and versions.
 
 --write-reference stores llm-foundry's numbers under tests/fixtures/lf_parity/<recipe>.json (with the recipe, the
 command and the versions that made them); tests/train/test_lf_parity.py trains our side of each and compares.
@@ -23,6 +27,8 @@ import argparse
 import copy
 import json
 import os
+import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -132,30 +138,23 @@ RECIPES: dict[str, dict] = {
         train_loader=_finetuning_loader(shuffle_seed=17), device_train_microbatch_size=4,
         eval_loader={**_finetuning_loader(shuffle=False), "drop_last": False},
         scheduler={"name": "linear_decay_with_warmup", "t_warmup": "2ba", "alpha_f": 0.0}),
-}
-# Recipes the harness runs but that have no reference yet: known differences (measured here, llm-foundry 0.22.0,
-# CPU fp32; the lr is identical in each):
-#
-# | recipe          | loss difference (relative)     | cause                                                         |
-# | --------------- | ------------------------------ | ------------------------------------------------------------- |
-# | hf_gpt2_packing | 1.7e-3 at batch 1, at most     | (1) packing rule: llm-foundry's BinPackCollator packs          |
-# |                 | 1.0e-2 (batch 6)               | first-fit-decreasing, carries bins that do not fit into the    |
-# |                 |                                | next batch and sorts rows by length; ours packs first-fit in   |
-# |                 |                                | order and drops what does not fit, so the loader's state stays |
-# |                 |                                | a global sample position. (2) Composer's HuggingFaceModel      |
-# |                 |                                | drops sequence_id (not an argument of GPT-2's forward): packed |
-# |                 |                                | examples attend to each other and positions run on; our        |
-# |                 |                                | hf_causal_lm restarts positions per example and keeps them     |
-# |                 |                                | apart. With llm-foundry's packing rule on our side: 3.2e-3;    |
-# |                 |                                | with both of its rules: 1.7e-7.                                |
-WITHOUT_REFERENCE: dict[str, dict] = {
-    # the same with packing_ratio 2.0: each row packs two prompt/response examples (16 examples for 8 rows)
+    # max_duration and eval_interval in tokens on padded prompt/response rows: Composer counts the attention mask's
+    # tokens, so training stops (and evaluates) at the batch whose real tokens reach them, not 64 tokens a sample
+    "finetune_padded_duration_tokens": _recipe(
+        train_loader=_finetuning_loader(shuffle_seed=17), max_duration="2000tok", eval_interval="700tok",
+        eval_loader={**_finetuning_loader(shuffle=False), "drop_last": False},
+        scheduler={"name": "cosine_with_warmup", "t_warmup": "300tok", "alpha_f": 0.1}),
+    # the same with packing_ratio 2.0: each batch packs 16 prompt/response examples into 8 rows by llm-foundry's
+    # rule (largest first, rows that do not fit carried into the next batch); GPT-2 gets no sequence_id there, so
+    # packed examples attend to each other (our hf_causal_lm's default, with a notice)
     "hf_gpt2_packing": _recipe(
         model={"name": "hf_causal_lm", "pretrained_model_name_or_path": "{hf_model}", "pretrained": True,
                "attn_implementation": "eager"},
         train_loader=_finetuning_loader(shuffle_seed=17, packing_ratio=2.0), device_train_microbatch_size=4,
         scheduler={"name": "linear_decay_with_warmup", "t_warmup": "2ba", "alpha_f": 0.0}),
 }
+# Recipes the harness runs but that have no reference yet (known differences, with their measured size).
+WITHOUT_REFERENCE: dict[str, dict] = {}
 # Asked for, but not a recipe llm-foundry 0.22.0 can run: its optimizer registry holds adalr_lion, clip_lion,
 # decoupled_adamw, decoupled_lionw and no_op, so `optimizer.name: adamw` fails there before training (ours accepts
 # it: torch's AdamW, whose weight decay is scaled by the lr, unlike decoupled_adamw's).
@@ -306,6 +305,11 @@ def _side(python: str, name: str, recipe: dict, work: Path) -> dict:
     env = dict(os.environ, WANDB_MODE="offline", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
                CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(REPO) if side == "ours" else "")
     done = subprocess.run(command, cwd=str(work), env=env, capture_output=True, text=True)
+    for _ in range(2):  # streaming's shared-memory names can collide with another process's on a shared machine
+        if done.returncode == 0 or "FileExistsError: [Errno 17] File exists: '/" not in done.stdout + done.stderr:
+            break
+        print(f"({side} side of {name}: streaming's shared memory collided with another process; running it again)")
+        done = subprocess.run(command, cwd=str(work), env=env, capture_output=True, text=True)
     if done.returncode != 0:
         tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-25:])
         raise SystemExit(f"{side} side of {name} failed (exit {done.returncode}):\n{tail}")
@@ -337,6 +341,56 @@ def report(name: str, lf: dict, ours: dict) -> None:
           f"ours {ours.get('startup_s', float('nan')):.1f}s")
 
 
+def fastest(runs: list[dict]) -> dict:
+    """One side's record with each batch's step time and the start-up time the fastest over repeated runs (on a
+    shared machine the other jobs only ever add time)."""
+    best = copy.deepcopy(runs[0])
+    for run in runs[1:]:
+        for kept, batch in zip(best["batches"], run["batches"]):
+            kept["step_s"] = min(kept["step_s"], batch["step_s"])
+        best["startup_s"] = min(best.get("startup_s", float("inf")), run.get("startup_s", float("inf")))
+    return best
+
+
+def speed(lf: dict, ours: dict) -> dict:
+    """Median over the batches of llm-foundry's step time / ours (> 1: ours is faster), and both start-up times."""
+    ratios = [a["step_s"] / b["step_s"] for a, b in zip(lf["batches"], ours["batches"]) if b["step_s"] > 0]
+    return {"step_ratio": statistics.median(ratios) if ratios else float("nan"),
+            "lf_step_ms": 1e3 * statistics.median(b["step_s"] for b in lf["batches"]),
+            "ours_step_ms": 1e3 * statistics.median(b["step_s"] for b in ours["batches"]),
+            "lf_startup_s": lf.get("startup_s", float("nan")), "ours_startup_s": ours.get("startup_s", float("nan"))}
+
+
+def write_results(path: Path, rows: dict[str, dict], lf_versions: dict, our_versions: dict, command: str) -> None:
+    """The speed figures as a Markdown table (benchmarks/results/)."""
+    lines = [
+        "# Per-batch speed and start-up time against llm-foundry (CPU)",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Machine: {os.cpu_count()}-core CPU ({platform.processor() or platform.machine()}), shared with other jobs, "
+        f"Python {platform.python_version()}, fp32, the harness's tiny recipes (d_model 64, 2 layers or a tiny "
+        "GPT-2, 8 samples of 64 tokens a batch).",
+        f"llm-foundry side: {', '.join(f'{k} {v}' for k, v in sorted(lf_versions.items()))}.",
+        f"Our side: {', '.join(f'{k} {v}' for k, v in sorted(our_versions.items()))}.",
+        "",
+        "Step time: from the batch's start to its end (forward, backward, clipping, optimizer step, logging), "
+        "each batch's fastest over the repeated runs, median over the batches; speed ratio = llm-foundry's step time / ours, the median over the batches of "
+        "the per-batch ratios (> 1: ours is faster). Start-up: process start to the first batch (imports, data, "
+        "model, optimizer), the fastest run's. The recipes are tiny (a step takes milliseconds), so these figures "
+        "measure per-step overheads more than model compute, and the shared machine's other jobs add noise.",
+        "",
+        "| recipe | speed ratio (median) | step ms, llm-foundry | step ms, ours | start-up s, llm-foundry | "
+        "start-up s, ours |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, row in rows.items():
+        lines.append(f"| {name} | {row['step_ratio']:.2f} | {row['lf_step_ms']:.1f} | {row['ours_step_ms']:.1f} | "
+                     f"{row['lf_startup_s']:.1f} | {row['ours_startup_s']:.1f} |")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+
+
 def write_reference(name: str, recipe: dict, lf: dict, command: list[str]) -> Path:
     FIXTURES.mkdir(parents=True, exist_ok=True)
     path = FIXTURES / f"{name}.json"
@@ -358,6 +412,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="default: all that have references")
     parser.add_argument("--work", default=None, help="folder for data and outputs (default: a temporary one)")
     parser.add_argument("--write-reference", action="store_true", help="store llm-foundry's numbers as fixtures")
+    parser.add_argument("--results", default=None, help="write the speed figures as a Markdown table to this file")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run each side this many times, alternating; times are the fastest of the runs")
     parser.add_argument("--side", choices=["lf", "ours"], help=argparse.SUPPRESS)
     parser.add_argument("--recipe-file", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -376,20 +433,32 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     data, tokenizer = build_data(work)
     print(f"data and outputs in {work}")
+    speeds: dict[str, dict] = {}
+    versions: tuple[dict, dict] = ({}, {})
     for name in args.recipe or sorted(RECIPES):
         if name in NOT_IN_LLM_FOUNDRY:
             print(f"\n== {name}: skipped ({NOT_IN_LLM_FOUNDRY[name]})")
             continue
         recipe = fill((RECIPES | WITHOUT_REFERENCE)[name], data, tokenizer, work / "finetuning.jsonl")
-        lf = _side(args.lf_python, name, recipe, work)
-        ours = _side(sys.executable, name, recipe, work)
+        lf_runs, our_runs = [], []
+        for _ in range(max(1, args.repeat)):
+            lf_runs.append(_side(args.lf_python, name, recipe, work))
+            our_runs.append(_side(sys.executable, name, recipe, work))
+        lf, ours = fastest(lf_runs), fastest(our_runs)
         report(name, lf, ours)
+        speeds[name], versions = speed(lf, ours), (lf["versions"], ours["versions"])
+        if args.results:  # after each recipe, so that an interrupted run keeps what it measured
+            command = " ".join(["python", "benchmarks/lf_parity.py", "--lf-python", args.lf_python, "--repeat",
+                                str(args.repeat), "--results", args.results] + [f"--recipe {n}" for n in args.recipe or []])
+            write_results(Path(args.results), speeds, *versions, command)
         if args.write_reference and name in RECIPES:
             command = ["python", "benchmarks/lf_parity.py", "--lf-python", args.lf_python, "--recipe", name,
                        "--write-reference"]
             print(f"wrote {write_reference(name, RECIPES[name], lf, command)}")
         elif args.write_reference:
             print(f"no reference written for {name}: it is not in RECIPES")
+    if args.results and speeds:
+        print(f"wrote {args.results}")
     return 0
 
 

@@ -1,9 +1,11 @@
 """Training time strings: "100ba" (batches), "1ep" (epochs), "2000tok" (tokens), "10sp" (samples), "0.1dur".
 
-Everything the trainer schedules (max_duration, eval/save intervals, warmup) is converted to a number of batches
-once, up front, from the run's rates (batches per epoch, samples and tokens per batch). Token and sample counts
-use the nominal batch shape (global batch size x max_seq_len), which is exact for pretraining and an upper bound
-per batch for padded finetuning data.
+Times in ba, ep and dur are converted to a number of batches once, up front, from the run's rates (batches per
+epoch, samples and tokens per batch). Times in tok and sp are compared with what was trained, as Composer does:
+training ends at the first batch whose token (sample) count reaches max_duration, and an eval or save interval in
+tok or sp is due at each batch that passes a multiple of it. Tokens are the attention mask's (padding left out),
+so on padded finetuning data a run in tok trains as many batches as llm-foundry's, not the nominal
+``global batch size x max_seq_len`` per batch (which Rates uses only to estimate how many batches that will be).
 """
 
 from __future__ import annotations
@@ -69,3 +71,45 @@ class Rates:
                 raise ValueError(f"{key}: max_duration itself cannot be given in dur")
             batches = t.value * self.max_duration_batches
         return int(math.ceil(batches - 1e-9))
+
+
+COUNTED = {"tok": "token", "sp": "sample"}  # units compared with the trainer's counters, not converted to batches
+
+
+def counted(time: str | int | Time) -> Time | None:
+    """``time`` when it is in tok or sp (compared with what was trained), else None (converted to batches)."""
+    t = time if isinstance(time, Time) else Time.parse(time)
+    return t if t.unit in COUNTED else None
+
+
+def interval_due(every_batches: int, interval: Time | None, before, now) -> bool:
+    """Whether an eval or save interval is due after the batch that took the trainer from ``before`` to ``now``
+    (objects with batch, sample and token counters): every ``every_batches`` batches, or, for an ``interval`` in
+    tok or sp, when a multiple of it lies in (before, now], as in Composer's interval scheduler."""
+    if interval is None:
+        return now.batch % every_batches == 0
+    counter = COUNTED[interval.unit]
+    return math.floor(getattr(before, counter) / interval.value) != math.floor(getattr(now, counter) / interval.value)
+
+
+def estimated_last_batch(end: Time, now, nominal_per_batch: float) -> int:
+    """The batch a max_duration in tok or sp ends at: ``now.batch`` once the count reaches it (Composer stops at
+    the first batch that does), else an estimate that assumes the batches to come count as many as those so far
+    on average (``nominal_per_batch`` before the first); always after ``now.batch`` until reached."""
+    count = getattr(now, COUNTED[end.unit])
+    if count >= end.value:
+        return now.batch
+    per_batch = count / now.batch if now.batch and count else nominal_per_batch
+    return now.batch + max(1, math.ceil((end.value - count) / per_batch - 1e-9))
+
+
+def counted_interval(interval: str | int | Time, max_duration: str | int | Time) -> Time | None:
+    """How an eval or save ``interval`` is checked: a Time in tok or sp for ``interval_due``, or None (batches).
+
+    A ``dur`` interval with max_duration in tok or sp never comes due on its own, as in Composer (whose ``dur``
+    intervals follow only a max_duration in ba or ep): it is then due only at the end of training."""
+    t = interval if isinstance(interval, Time) else Time.parse(interval)
+    end = max_duration if isinstance(max_duration, Time) else Time.parse(max_duration)
+    if t.unit == "dur" and end.unit in COUNTED:
+        return Time(math.inf, end.unit)
+    return counted(t)

@@ -98,6 +98,15 @@ class FinetuningDatasetSettings(StreamingOptions):
     packing_ratio: float | Literal["auto"] | None = option(
         None, "examples per row when packing (a number >= 1), auto (largest ratio with no waste), or null (no packing)"
     )
+    # --- packing keys (owned by data/finetuning_loader.py and data/packing.py, which read them) ---
+    max_leftover_bins_to_keep: int | None = option(
+        None, "with packing: how many packed rows that did not fit a batch carry over into the next (fullest "
+        "first; null: all, 0: none, the rest are never trained)"
+    )
+    auto_packing_replication: int | None = option(
+        None, "accepted from llm-foundry, without effect (it sets this key itself while profiling packing_ratio: auto)"
+    )
+    # --- end of packing keys ---
     allow_pad_trimming: bool = option(False, "pad a batch only to its longest row instead of max_seq_len")
     pad_token_id: int | None = option(None, "id used for padding (default: the tokenizer's pad, else EOS)")
 
@@ -135,6 +144,9 @@ class FinetuningDatasetSettings(StreamingOptions):
             problems.append(f"{path}.packing_ratio: 'auto' needs hf_name data; set a number for MDS data")
         elif ratio not in (None, "auto") and ratio < 1:
             problems.append(f"{path}.packing_ratio: expected >= 1 (examples per row), got {ratio}")
+        if self.max_leftover_bins_to_keep is not None and (ratio is None or self.max_leftover_bins_to_keep < 0):
+            problems.append(f"{path}.max_leftover_bins_to_keep: needs packing_ratio set and a value >= 0 (got "
+                            f"{self.max_leftover_bins_to_keep}, packing_ratio {ratio}); set both or remove it")
         if not self.decoder_only_format and (self.target_prompts != "none" or self.target_responses != "last"):
             problems.append(f"{path}.decoder_only_format: false makes the last response the labels; leave "
                             "target_prompts none and target_responses last")

@@ -1,9 +1,10 @@
 """The ``finetuning`` loader: tokenized examples (from records, see finetuning.py, or MDS shards written by
 ``convert_finetuning_dataset.py``) -> padded or packed batches with a resumable global sample position.
 
-With packing (``packing_ratio``), several examples share a row: ``sequence_id`` numbers them and no label crosses
-from one example into the next. The loader's state is a global sample position, so resuming on any number of
-ranks works.
+With packing (``packing_ratio``), several examples share a row, packed by llm-foundry's rule (data/packing.py:
+largest first, rows that do not fit a batch carried into the next): ``sequence_id`` numbers them and no label
+crosses from one example into the next. The loader's state is a global sample position (so resuming on any number
+of ranks works) plus, when packing, the rows carried over, as example ids.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import numpy as np
 import torch
 
 from llmfoundry.core.errors import ConfigError
+from llmfoundry.core.notices import notice_once
 from llmfoundry.data.finetuning import FinetuningDataset, FinetuningDatasetSettings, FinetuningLoaderSettings
+from llmfoundry.data.packing import BinPacker, auto_packing_ratio, examples_per_batch, profiled_example_count
 from llmfoundry.data.streaming_guard import import_streaming
 from llmfoundry.data.text import IGNORE_INDEX, dataloader_kwargs, make_streaming_dataset
 from llmfoundry.registry import dataloaders
@@ -38,37 +41,16 @@ class StreamingFinetuningDataset(streaming.StreamingDataset):
 
 
 # ----------------------------------------------------------------------------------------------- batches
-def first_fit(lengths: list[int], capacity: int, rows: int) -> tuple[list[list[int]], list[int]]:
-    """First-fit packing of examples (by index, in order) into ``rows`` bins; returns (bins, dropped indices)."""
-    bins: list[list[int]] = []
-    space: list[int] = []
-    dropped = []
-    for i, length in enumerate(lengths):
-        for b, free in enumerate(space):
-            if length <= free:
-                bins[b].append(i)
-                space[b] -= length
-                break
-        else:
-            if len(bins) < rows:
-                bins.append([i])
-                space.append(capacity - length)
-            else:
-                dropped.append(i)
-    return bins, dropped
-
-
 class FinetuningCollator:
-    """Pads (or packs, first-fit) examples into a batch of ``rows`` rows."""
+    """Pads examples into a batch (``__call__``), or turns packed bins of examples into rows (``packed``)."""
 
-    def __init__(self, ds: FinetuningDatasetSettings, pad_token_id: int, rows: int, packing: bool):
+    def __init__(self, ds: FinetuningDatasetSettings, pad_token_id: int, rows: int):
         self.max_seq_len = ds.max_seq_len
         self.pad = pad_token_id
         self.rows = rows
-        self.packing = packing
         self.trim = ds.allow_pad_trimming
         self.decoder_only = ds.decoder_only_format
-        self.num_dropped = 0  # examples that did not fit while packing
+        self.num_dropped = 0  # examples in carried-over bins beyond max_leftover_bins_to_keep (never trained)
 
     def _tensor(self, rows: list[list[int]], fill: int, length: int) -> torch.Tensor:
         out = torch.full((len(rows), length), fill, dtype=torch.long)
@@ -77,83 +59,137 @@ class FinetuningCollator:
         return out
 
     def __call__(self, examples: list[dict[str, list[int]]]) -> dict[str, torch.Tensor]:
+        ids = [e["input_ids"] for e in examples]
         if not self.decoder_only:
-            length = self.max_seq_len if not self.trim else max(len(e["input_ids"]) for e in examples)
+            length = self.max_seq_len if not self.trim else max(len(r) for r in ids)
             label_length = self.max_seq_len if not self.trim else max(len(e["labels"]) for e in examples)
-            ids = [e["input_ids"] for e in examples]
-            return {
-                "input_ids": self._tensor(ids, self.pad, length),
-                "attention_mask": self._tensor([[1] * len(r) for r in ids], 0, length),
-                "labels": self._tensor([e["labels"] for e in examples], IGNORE_INDEX, label_length),
-            }
-        if self.packing:
-            bins, dropped = first_fit([len(e["input_ids"]) for e in examples], self.max_seq_len, self.rows)
-            if dropped:
-                if not self.num_dropped:
-                    log.warning("packing: %d examples did not fit into a batch and were skipped; lower "
-                                "packing_ratio (auto avoids this for the first epoch)", len(dropped))
-                self.num_dropped += len(dropped)
-            bins += [[] for _ in range(self.rows - len(bins))]  # always `rows` rows (an empty one is all padding)
         else:
-            bins = [[i] for i in range(len(examples))]
+            length = label_length = max(1, max(len(r) for r in ids)) if self.trim else self.max_seq_len
+        return {
+            "input_ids": self._tensor(ids, self.pad, length),
+            "attention_mask": self._tensor([[1] * len(r) for r in ids], 0, length),
+            "labels": self._tensor([e["labels"] for e in examples], IGNORE_INDEX, label_length),
+        }
+
+    def packed(self, bins: list[list[dict[str, list[int]]]]) -> dict[str, torch.Tensor]:
+        """One row per bin, always ``max_seq_len`` long (as llm-foundry's, whatever allow_pad_trimming says);
+        ``sequence_id`` numbers a row's examples (-1 on padding) and each example after the first loses its first
+        label, so no example's last token learns to predict the next example's first one."""
         ids, labels, seq = [], [], []
         for members in bins:
-            ids.append([t for i in members for t in examples[i]["input_ids"]])
-            labels.append([t for i in members for t in examples[i]["labels"]])
-            seq.append([n for n, i in enumerate(members) for _ in examples[i]["input_ids"]])
-        length = max(1, max(len(r) for r in ids)) if self.trim else self.max_seq_len
-        batch = {
-            "input_ids": self._tensor(ids, self.pad, length),
-            "labels": self._tensor(labels, IGNORE_INDEX, length),
-            "attention_mask": self._tensor([[1] * len(r) for r in ids], 0, length),
+            ids.append([t for e in members for t in e["input_ids"]])
+            labels.append([IGNORE_INDEX if n and k == 0 else t
+                           for n, e in enumerate(members) for k, t in enumerate(e["labels"])])
+            seq.append([n for n, e in enumerate(members) for _ in e["input_ids"]])
+        return {
+            "input_ids": self._tensor(ids, self.pad, self.max_seq_len),
+            "labels": self._tensor(labels, IGNORE_INDEX, self.max_seq_len),
+            "attention_mask": self._tensor([[1] * len(r) for r in ids], 0, self.max_seq_len),
+            "sequence_id": self._tensor(seq, -1, self.max_seq_len),
         }
-        if self.packing:
-            batch["sequence_id"] = self._tensor(seq, -1, length)
+
+
+class PackingState:
+    """llm-foundry's packers with the examples their carried-over bins hold, one packer per place llm-foundry
+    keeps a collator: the process, or each DataLoader worker (batch k of an epoch goes to worker k % workers).
+
+    Without persistent workers llm-foundry's workers start each epoch from a fresh copy of the collator, so their
+    carried-over bins are gone; with none or persistent ones the bins carry over into the next epoch.
+    """
+
+    def __init__(self, collator: FinetuningCollator, max_leftover_bins_to_keep: int | None, num_workers: int,
+                 persistent_workers: bool):
+        self.collator = collator
+        self.keep = max_leftover_bins_to_keep
+        self.slots = max(1, num_workers)
+        self.reset_each_epoch = num_workers > 0 and not persistent_workers
+        self.packers = [BinPacker(collator.rows, collator.max_seq_len, self.keep) for _ in range(self.slots)]
+        self.examples: dict[int, dict[str, list[int]]] = {}  # example id -> example, for carried-over bins
+
+    def start_epoch(self) -> None:
+        if self.reset_each_epoch:
+            self.packers = [BinPacker(self.collator.rows, self.collator.max_seq_len, self.keep)
+                            for _ in range(self.slots)]
+            self.examples = {}
+
+    def pack(self, batch_in_epoch: int, examples: list[dict[str, list[int]]], ids: list[int]) -> dict[str, torch.Tensor]:
+        self.examples.update(zip(ids, examples))
+        packer = self.packers[batch_in_epoch % self.slots]
+        before = sum(len(m) for _, m in packer.leftovers) + len(ids)
+        bins = packer.pack([len(e["input_ids"]) for e in examples], ids)
+        self.collator.num_dropped += before - sum(map(len, bins)) - sum(len(m) for _, m in packer.leftovers)
+        kept = {i for p in self.packers for _, members in p.leftovers for i in members}
+        batch = self.collator.packed([[self.examples[i] for i in members] for members in bins])
+        self.examples = {i: e for i, e in self.examples.items() if i in kept}
         return batch
 
+    def state_dict(self) -> list[list[list[int]]]:
+        """Each packer's carried-over bins as lists of example ids (their sizes follow from the examples)."""
+        return [[list(members) for _, members in packer.leftovers] for packer in self.packers]
 
-def auto_packing_ratio(lengths: list[int], max_seq_len: int, batch_size: int, *, max_ratio: float = 20.0) -> float:
-    """The largest packing ratio for which first-fit packing drops no example of ``lengths``.
+    def load_state_dict(self, leftovers: list[list[list[int]]], fetch) -> None:
+        """Restore the carried-over bins; ``fetch(id)`` reads an example again."""
+        for packer, bins in zip(self.packers, leftovers):
+            for members in bins:
+                self.examples.update({i: fetch(i) for i in members if i not in self.examples})
+            packer.leftovers = [(sum(len(self.examples[i]["input_ids"]) for i in members), list(members))
+                                for members in bins]
 
-    ``lengths`` are the example lengths in epoch order (at most the first 20,000 are profiled); each batch of
-    ``ceil(batch_size * ratio)`` consecutive examples must fit into ``batch_size`` rows of ``max_seq_len``.
-    """
-    sample = lengths[:20000]
 
-    def wastes(ratio: float) -> bool:
-        per_batch = max(batch_size, math.ceil(batch_size * ratio))
-        for start in range(0, len(sample), per_batch):
-            _, dropped = first_fit(sample[start : start + per_batch], max_seq_len, batch_size)
-            if dropped:
-                return True
-        return False
+class StreamPackingCollator:
+    """The packing collator of MDS loaders (streaming's loader runs it, in each worker): examples get running ids.
+    Its carried-over bins are not part of the loader's state, as in llm-foundry (a resumed run starts without)."""
 
-    ratio, step = 1.0, 1.0
-    while step >= 1 / batch_size - 1e-9:  # finer steps than 1/batch_size change nothing
-        if ratio + step <= max_ratio and not wastes(ratio + step):
-            ratio += step
-        else:
-            step /= 2
-    return round(ratio, 4)
+    def __init__(self, state: PackingState):
+        self.state = state
+        self.count = 0
+
+    def __call__(self, examples: list[dict[str, list[int]]]) -> dict[str, torch.Tensor]:
+        ids = list(range(self.count, self.count + len(examples)))
+        self.count += len(examples)
+        return self.state.pack(0, examples, ids)
+
+
+def epoch_order(num_examples: int, shuffle: bool, seed: int, epoch: int) -> list[int]:
+    """The examples' order in ``epoch``: a permutation seeded by ``seed + epoch``, or file order without shuffle."""
+    if not shuffle:
+        return list(range(num_examples))
+    return torch.randperm(num_examples, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
+
+
+def world() -> tuple[int, int]:
+    """(rank, world size) of this process."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def _keep_examples(examples: list[dict[str, list[int]]]) -> list[dict[str, list[int]]]:
+    """The collate function while packing: the examples themselves (packed in the main process, which holds the
+    carried-over bins so that a checkpoint can save them)."""
+    return examples
 
 
 class FinetuningLoader:
     """Batches of finetuning examples with a resumable global sample position.
 
-    Each epoch is a seeded permutation of the examples (or their order, without shuffle); step ``s`` of rank ``r``
-    takes examples ``[(s * world + r) * n, ... + n)`` of it, where ``n`` is the examples per rank and batch.
+    Each epoch is a seeded permutation of the examples (or their order, without shuffle); step ``s`` takes its
+    ``n * world`` examples ``[s * n * world, (s + 1) * n * world)`` and rank ``r`` every ``world``-th of them from
+    the ``r``-th (``n``: examples per rank and batch), which is how llm-foundry's DistributedSampler deals them.
     ``state_dict()`` is ``{"epoch", "sample_in_epoch"}`` counted over all ranks, so resuming with another world
-    size continues at the same example.
+    size continues at the same example; with packing it also holds every rank's carried-over bins (example ids).
 
     One torch DataLoader serves every epoch: its batch sampler (in this process) hands out the current epoch's index
     batches, so with ``persistent_workers`` the worker processes live across epochs.
     """
 
-    def __init__(self, dataset, collator, examples_per_batch: int, settings: FinetuningLoaderSettings):
+    def __init__(self, dataset, collator, examples_per_batch: int, settings: FinetuningLoaderSettings,
+                 packing: PackingState | None = None, packing_ratio: float | None = None):
         self.dataset = dataset
         self.collator = collator
         self.examples_per_batch = examples_per_batch
-        self.packing_ratio: float | None = None  # examples per row; the builder sets it when packing
+        self.packing = packing
+        self.packing_ratio = packing_ratio  # examples per row (None: not packed)
         self.shuffle = settings.dataset.shuffle
         self.seed = settings.dataset.shuffle_seed
         self.drop_last = settings.drop_last
@@ -163,59 +199,81 @@ class FinetuningLoader:
         self._sampler = _EpochBatchSampler()
         kwargs = dataloader_kwargs(settings)
         kwargs.pop("drop_last")  # the sampler drops the last incomplete batch itself
-        self.dataloader = torch.utils.data.DataLoader(dataset, batch_sampler=self._sampler, collate_fn=collator,
-                                                      **kwargs)
-
-    @staticmethod
-    def _world() -> tuple[int, int]:
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            return torch.distributed.get_rank(), torch.distributed.get_world_size()
-        return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+        self.dataloader = torch.utils.data.DataLoader(
+            dataset, batch_sampler=self._sampler, collate_fn=_keep_examples if packing else collator, **kwargs)
 
     def _order(self, epoch: int) -> list[int]:
-        if not self.shuffle:
-            return list(range(len(self.dataset)))
-        generator = torch.Generator().manual_seed(self.seed + epoch)
-        return torch.randperm(len(self.dataset), generator=generator).tolist()
+        return epoch_order(len(self.dataset), self.shuffle, self.seed, epoch)
 
     def __len__(self) -> int:
-        _, world = self._world()
-        per_step = self.examples_per_batch * world
+        _, size = world()
+        per_step = self.examples_per_batch * size
         return len(self.dataset) // per_step if self.drop_last else math.ceil(len(self.dataset) / per_step)
 
     def _index_batches(self, start: int) -> list[tuple[int, list[int]]]:
         """(global position after the step, this rank's example indices) for each step of the epoch from ``start``."""
-        rank, world = self._world()
+        rank, size = world()
         order = self._order(self.epoch)
-        per_step = self.examples_per_batch * world
+        per_step = self.examples_per_batch * size
         batches = []
         for position in range(start, len(order), per_step):
             chunk = order[position : position + per_step]
             if len(chunk) < per_step and self.drop_last:
                 break
-            mine = chunk[rank * self.examples_per_batch : (rank + 1) * self.examples_per_batch]
+            mine = chunk[rank::size]
             batches.append((position + len(chunk), mine))
         return batches
 
     def __iter__(self):
         start = self._resume_from if self._resume_from is not None else 0
+        if self._resume_from is None and self.packing is not None:
+            self.packing.start_epoch()
         self._resume_from = None
         index_batches = self._index_batches(start)
         self._sampler.batches = [mine for _, mine in index_batches]
         self.sample_in_epoch = start
-        for batch, (end, _) in zip(self.dataloader, index_batches):  # the loader first: it ends its own epoch
+        first = start // (self.examples_per_batch * world()[1])  # the batch's number in the epoch
+        # the loader first: it ends its own epoch
+        for number, (batch, (end, mine)) in enumerate(zip(self.dataloader, index_batches), start=first):
+            if self.packing is not None:
+                batch = self.packing.pack(number, batch, mine)
             self.sample_in_epoch = end
             yield batch
         self.epoch += 1
         self.sample_in_epoch = 0
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "sample_in_epoch": self.sample_in_epoch, "shuffle_seed": self.seed}
+        """The position; with packing also each rank's carried-over bins (gathered: every rank calls this when a
+        checkpoint is saved, and the checkpoint keeps rank 0's copy)."""
+        state: dict[str, Any] = {"epoch": self.epoch, "sample_in_epoch": self.sample_in_epoch,
+                                 "shuffle_seed": self.seed}
+        if self.packing is not None:
+            mine = self.packing.state_dict()
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                every: list[Any] = [None] * torch.distributed.get_world_size()
+                torch.distributed.all_gather_object(every, mine)
+            else:
+                every = [mine]
+            state["leftover_bins"] = every
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch = int(state["epoch"])
         self.sample_in_epoch = int(state["sample_in_epoch"])
         self._resume_from = self.sample_in_epoch
+        saved = state.get("leftover_bins")
+        if self.packing is None or not saved:
+            return
+        rank, size = world()
+        slots = self.packing.slots
+        if len(saved) != size or any(len(per_rank) != slots for per_rank in saved):
+            # another world size or num_workers: the bins are dealt out again, none is lost
+            notice_once(f"train_loader.dataset.packing_ratio: resuming on {size} ranks x {slots} packers from "
+                        f"{len(saved)} x {len(saved[0])}: the carried-over packing bins are dealt out again")
+            pool = [members for per_rank in saved for per_slot in per_rank for members in per_slot]
+            share = pool[rank::size]
+            saved = {rank: [share[s::slots] for s in range(slots)]}
+        self.packing.load_state_dict(saved[rank], lambda i: self.dataset[i])
 
 
 class _EpochBatchSampler(torch.utils.data.Sampler):
@@ -231,10 +289,30 @@ class _EpochBatchSampler(torch.utils.data.Sampler):
         return iter(list(self.batches))
 
 
+def _profiled_sizes(order: list[int], dataset, count: int) -> list[int]:
+    """The lengths of this rank's first ``count`` examples of the epoch (what llm-foundry's profiling reads: the
+    first batch of a loader of ``count`` examples per rank)."""
+    rank, size = world()
+    mine = order[: count * size][rank::size]
+    return [len(dataset[i]["input_ids"]) for i in mine]
+
+
+def _smallest_over_ranks(ratio: float) -> float:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        value = torch.tensor([ratio], dtype=torch.float64)
+        torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MIN)
+        return float(value.item())
+    return ratio
+
+
 @dataloaders.register("finetuning", config=FinetuningLoaderSettings)
 def build_finetuning_dataloader(settings: FinetuningLoaderSettings, tokenizer, device_batch_size: int, *,
                                 key: str = "train_loader"):
-    """Batches of the validated ``settings`` (see FinetuningDatasetSettings.check_settings for what is checked)."""
+    """Batches of the validated ``settings`` (see FinetuningDatasetSettings.check_settings for what is checked).
+
+    ``packing_ratio`` as llm-foundry reads it: ``int(device_batch_size * ratio)`` examples a batch, packed by its
+    rule (data/packing.py); 1 (also what ``auto`` chooses for max_seq_len <= 100) means no packing at all.
+    """
     ds = settings.dataset
     if tokenizer is None or tokenizer.eos_token_id is None:
         raise ConfigError("tokenizer.name: the finetuning loader needs a tokenizer with an EOS token")
@@ -242,21 +320,27 @@ def build_finetuning_dataloader(settings: FinetuningLoaderSettings, tokenizer, d
     if pad is None:
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     ratio = ds.packing_ratio
+    keep = ds.max_leftover_bins_to_keep
     if ds.is_mds:
-        per_batch = device_batch_size if ratio is None else max(device_batch_size, math.ceil(device_batch_size * float(ratio)))
+        packs = ratio is not None and float(ratio) != 1.0
+        per_batch = examples_per_batch(device_batch_size, float(ratio)) if packs else device_batch_size
         dataset = make_streaming_dataset(StreamingFinetuningDataset, ds, per_batch, f"{key}.dataset")
-        collator = FinetuningCollator(ds, pad, device_batch_size, packing=ratio is not None)
-        return streaming.StreamingDataLoader(dataset, batch_size=per_batch, collate_fn=collator,
+        collator = FinetuningCollator(ds, pad, device_batch_size)
+        collate = StreamPackingCollator(PackingState(collator, keep, 0, False)) if packs else collator
+        if packs and keep != 0:
+            notice_once(f"{key}.dataset.packing_ratio: with MDS data the packed rows carried over between batches are "
+                        "not in checkpoints (nor in llm-foundry's): a resumed run continues without them")
+        return streaming.StreamingDataLoader(dataset, batch_size=per_batch, collate_fn=collate,
                                              **dataloader_kwargs(settings))
     dataset = FinetuningDataset(tokenizer, ds, f"{key}.dataset")
-    collator = FinetuningCollator(ds, pad, device_batch_size, packing=ratio is not None)
-    loader = FinetuningLoader(dataset, collator, device_batch_size, settings)
     if ratio == "auto":
-        order = loader._order(0)
-        ratio = auto_packing_ratio([len(dataset.examples[i]["input_ids"]) for i in order], ds.max_seq_len,
-                                   device_batch_size)
+        order = epoch_order(len(dataset), ds.shuffle, ds.shuffle_seed, 0)
+        sizes = _profiled_sizes(order, dataset, profiled_example_count(ds.max_seq_len, device_batch_size))
+        ratio = _smallest_over_ranks(auto_packing_ratio(sizes, ds.max_seq_len, device_batch_size))
         print(f"{key}.dataset.packing_ratio: auto chose {ratio}", flush=True)
-    if ratio is not None:
-        loader.examples_per_batch = max(device_batch_size, math.ceil(device_batch_size * float(ratio)))
-    loader.packing_ratio = ratio
-    return loader
+    packs = ratio is not None and float(ratio) != 1.0
+    collator = FinetuningCollator(ds, pad, device_batch_size)
+    packing = PackingState(collator, keep, settings.num_workers, settings.persistent_workers) if packs else None
+    per_batch = examples_per_batch(device_batch_size, float(ratio)) if packs else device_batch_size
+    return FinetuningLoader(dataset, collator, per_batch, settings, packing=packing,
+                            packing_ratio=float(ratio) if ratio is not None else None)

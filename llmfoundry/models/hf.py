@@ -1,9 +1,11 @@
 """`model.name: hf_causal_lm`: any transformers AutoModelForCausalLM behind the trainer's model interface.
 
 The wrapper adds what the trainer relies on (the ``CausalLM`` protocol of models/interface.py) and optionally
-wraps the model in LoRA adapters through the ``peft`` library. Packed documents (``sequence_id``) become
-position ids that restart at each document; transformers reads such position ids as packed sequences and keeps
-the documents from attending to each other.
+wraps the model in LoRA adapters through the ``peft`` library. Packed examples (``sequence_id``) are seen as
+llm-foundry's models see them: Composer passes a transformers model only the arguments its forward names, so
+GPT-2, Llama & co. get no ``sequence_id`` and packed examples attend to each other with positions running on
+(a notice says so once). ``attn_uses_sequence_id: true`` keeps them apart instead: position ids restart at each
+example, which transformers reads as packed sequences. An MPT folder gets ``sequence_id`` (its forward names it).
 """
 
 from __future__ import annotations
@@ -57,6 +59,12 @@ class HFModelSettings(MetricSettings):  # MetricSettings: use_train_metrics, ...
     allow_embedding_resizing: bool = option(
         False, "grow the embedding to the tokenizer's size when the tokenizer has more tokens (otherwise an error)"
     )
+    attn_uses_sequence_id: bool = option(
+        False, "with packed data: keep packed examples apart (positions restart per example, no attention across "
+        "them); false: they attend to each other with positions running on, as llm-foundry trains such models",
+        differs="not an llm-foundry key: llm-foundry always trains as with false (Composer drops sequence_id for "
+        "models whose forward does not name it)",
+    )
     should_save_peft_only: bool = option(
         True, "with LoRA: checkpoints hold only the adapter weights (the base comes from the pretrained folder)",
     )
@@ -70,9 +78,10 @@ class HFCausalLM(nn.Module):
     # the adapters, as Composer's HuggingFaceModel.state_dict does
     saves_adapters_only = False
 
-    def __init__(self, hf_model: nn.Module):
+    def __init__(self, hf_model: nn.Module, attn_uses_sequence_id: bool = False):
         super().__init__()
         self.hf_model = hf_model
+        self.attn_uses_sequence_id = attn_uses_sequence_id
         # id -> 'lora_A' / 'lora_B' for peft's adapter matrices (modules named <layer>.lora_A.<adapter name>)
         self._lora_matrices = {id(m): n.split(".")[-2] for n, m in hf_model.named_modules()
                                if n.count(".") and n.split(".")[-2] in ("lora_A", "lora_B")}
@@ -103,6 +112,9 @@ class HFCausalLM(nn.Module):
         if sequence_id is not None:
             if isinstance(self.base_model, MPTForCausalLM):
                 kwargs["sequence_id"] = sequence_id
+            elif not self.attn_uses_sequence_id:  # as Composer's HuggingFaceModel: the forward has no such argument
+                notice_once("model.attn_uses_sequence_id: packed examples attend to each other and their positions "
+                            "run on, as llm-foundry trains hf_causal_lm models; set it to true to keep them apart")
             else:
                 if position_ids is not None:
                     raise ValueError("hf_causal_lm: pass either sequence_id or position_ids, not both")
@@ -267,7 +279,10 @@ def load_hf_causal_lm(settings: HFModelSettings, tokenizer=None) -> HFCausalLM:
         model = _continue_lora(model, settings)
     elif settings.peft_config:
         model = _wrap_peft(model, settings.peft_config)
-    wrapped = HFCausalLM(model)
+    wrapped = HFCausalLM(model, settings.attn_uses_sequence_id)
+    if settings.attn_uses_sequence_id and isinstance(wrapped.base_model, MPTForCausalLM):
+        raise ConfigError("model.attn_uses_sequence_id: an MPT folder reads sequence_id as its own config says; set "
+                          "config_overrides: {attn_config: {attn_uses_sequence_id: true}} instead")
     wrapped.saves_adapters_only = settings.should_save_peft_only and hasattr(model, "peft_config")
     if on_meta and settings.pretrained:  # train/parallel.py reads them into the (sharded) model
         wrapped.pretrained_weights = _weight_files(wrapped, settings)

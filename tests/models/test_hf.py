@@ -81,6 +81,12 @@ def test_packed_documents_attend_to_each_other_by_default_as_in_llm_foundry(llam
     assert not torch.allclose(logits[:, 7:], model(packed[:, 7:]).logits, atol=1e-3)
 
 
+def test_attn_uses_sequence_id_on_an_mpt_folder_points_at_its_config(tmp_path, tokenizer):
+    tiny_model(attn_config={"alibi": True}).save_pretrained(tmp_path)
+    with pytest.raises(ConfigError, match=r"model\.attn_uses_sequence_id: an MPT folder .*attn_uses_sequence_id: true"):
+        build(tokenizer, pretrained_model_name_or_path=str(tmp_path), attn_uses_sequence_id=True)
+
+
 def test_our_mpt_folder_works_through_hf_causal_lm(tmp_path, tokenizer):
     ours = tiny_model(attn_config={"alibi": True, "attn_uses_sequence_id": True})
     ours.save_pretrained(tmp_path)
