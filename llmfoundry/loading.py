@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import PretrainedConfig
 
 from llmfoundry import registry
 from llmfoundry.core import objectstore
@@ -77,8 +76,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", *, dtype: t
         return load_checkpoint_model(path, device)
     if is_llm_foundry_mpt_folder(path):  # read as JSON and tensors: its Python files are never run
         model = load_as_mpt(path)
-        # an empty config: AutoTokenizer would otherwise parse config.json as transformers' MptConfig, and fail
-        return model.to(dtype or torch.float32).to(device).eval(), load_saved_tokenizer(path, config=PretrainedConfig())
+        return model.to(dtype or torch.float32).to(device).eval(), load_saved_tokenizer(path)
     # The loader of a recipe's hf_causal_lm section (and of an eval recipe's Hugging Face models): any
     # transformers model, and our own MPT folders, which llmfoundry.models registers with the Auto classes.
     try:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import sentencepiece as spm
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, PretrainedConfig
 from transformers.tokenization_utils_base import BatchEncoding, TruncationStrategy
 from transformers.tokenization_utils_sentencepiece import SentencePieceBackend
 from transformers.utils import PaddingStrategy
@@ -85,7 +85,24 @@ def load_saved_tokenizer(folder: str | os.PathLike, **kwargs: Any):
     any other through AutoTokenizer. For reloading checkpoints and exports; build_tokenizer is for recipes."""
     if _is_saved_sentencepiece(str(folder)):  # written by SentencePieceTokenizer.save_pretrained
         return SentencePieceTokenizer.from_pretrained(str(folder), **kwargs)
+    if "config" not in kwargs and _holds_llm_foundry_mpt(str(folder)):
+        # AutoTokenizer parses config.json with transformers' strict MptConfig, which refuses llm-foundry's MPT
+        # options (GQA, float dropouts, ...); the tokenizer does not depend on them
+        kwargs = {**kwargs, "config": PretrainedConfig()}
     return AutoTokenizer.from_pretrained(str(folder), **kwargs)
+
+
+def _holds_llm_foundry_mpt(folder: str) -> bool:
+    """Whether ``folder`` is a model folder of llm-foundry's MPT (its config.json has keys transformers' MPT lacks)."""
+    config = Path(folder) / "config.json"
+    if not config.is_file():
+        return False
+    try:
+        values = json.loads(config.read_text(encoding="utf-8"))
+    except (ValueError, OSError):
+        return False
+    return values.get("model_type") == "mpt" and ("ffn_config" in values or "MPTForCausalLM" in
+                                                 (values.get("architectures") or []))
 
 
 def _looks_like_a_path(name: str) -> bool:

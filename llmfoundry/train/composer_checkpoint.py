@@ -54,7 +54,6 @@ _ALLOWED_GLOBALS = [datetime.timedelta, TorchVersion, np.ndarray, np.dtype, np.c
                     type(np.dtype(np.uint32)), type(np.dtype(np.int64)), type(np.dtype(np.float64))]
 # Composer's optimizer classes whose per-parameter state is tensors only -> our optimizer of the same rule.
 OPTIMIZERS = {"DecoupledAdamW": "decoupled_adamw", "DecoupledLionW": "decoupled_lionw"}
-MONOLITHIC_SUFFIX = "-rank0.pt"
 SHARDED_POINTER = "latest-sharded-rank0"
 MONOLITHIC_POINTER = "latest-rank0.pt"
 
@@ -249,7 +248,7 @@ def load_into_training(
     if weights_only:
         return {}
     if optimizer is not None and checkpoint.optimizer_state and not (ignore and ignore.section("optimizer")):
-        _load_optimizer(checkpoint, model, optimizer, optimizer_name, prefix, where)
+        _load_optimizer(checkpoint, model, optimizer, optimizer_name, prefix, where, ours)
     restored: dict[str, Any] = {"trainer": {}, "dataloader": None}
     if not (ignore and ignore.section("time")):
         restored["trainer"]["time"] = train_time(checkpoint.timestamp)
@@ -288,7 +287,8 @@ def _like(value: torch.Tensor, current: Any, what: str) -> Any:
     return value.to(current.device)
 
 
-def _load_optimizer(checkpoint: ComposerCheckpoint, model, optimizer, optimizer_name, prefix: str, where: str):
+def _load_optimizer(checkpoint: ComposerCheckpoint, model, optimizer, optimizer_name, prefix: str, where: str,
+                    params: dict[str, Any]):
     """Composer's per-parameter optimizer state and learning rates into our optimizer; our param groups keep their
     own hyperparameters (the recipe's), as Composer rebuilds them from the recipe too."""
     expected = OPTIMIZERS.get(checkpoint.optimizer_class or "")
@@ -303,7 +303,6 @@ def _load_optimizer(checkpoint: ComposerCheckpoint, model, optimizer, optimizer_
     if len(ours["param_groups"]) != len(checkpoint.param_groups):
         raise ConfigError(f"{where} has {len(checkpoint.param_groups)} optimizer param groups, this run "
                           f"{len(ours['param_groups'])}; set load_weights_only: true")
-    params = dict(get_model_state_dict(model))
     state = {}
     for group in ours["param_groups"]:
         for name in group["params"]:

@@ -1,7 +1,7 @@
 """Read torch.distributed.checkpoint (DCP) folders without running code pickled into them.
 
 DCP pickles two things: the ``.metadata`` file (its own dataclasses) and every non-tensor value, which its default
-planner reads back with ``torch.load(weights_only=False)``: a checkpoint from an untrusted store could run code on
+planner reads back with an unrestricted ``torch.load``: a checkpoint from an untrusted store could run code on
 load. ``SafeFileSystemReader`` unpickles the metadata with an allow-list of DCP's metadata types, and
 ``SafeLoadPlanner`` reads non-tensor values with ``torch.load(weights_only=True)``; tensors were already read that
 way. Both refuse anything else with a one-line ConfigError. Used for our checkpoints and for Composer's.

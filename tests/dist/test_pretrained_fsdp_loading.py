@@ -10,10 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
-from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+)
 
 from tests.dist.helpers import losses, run_job, torchrun_args, worker_env
-from tests.models.helpers import randomize_norms, tiny_model
+from tests.models.helpers import write_pretrained_folders
 
 pytestmark = pytest.mark.dist
 peft = pytest.importorskip("peft")
@@ -62,22 +66,7 @@ def test_a_two_rank_fsdp_load_holds_about_one_copy_of_the_weights_per_node(tmp_p
 
 def test_hf_causal_lm_and_mpt_causal_lm_read_their_shards_on_two_ranks(tmp_path):
     inputs = torch.randint(0, 512, (2, 12), generator=torch.Generator().manual_seed(0))
-    torch.manual_seed(0)
-    llama = LlamaForCausalLM(LlamaConfig(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2))
-    llama.save_pretrained(tmp_path / "llama")
-    GPT2LMHeadModel(GPT2Config(vocab_size=512, n_embd=32, n_layer=2, n_head=4, n_positions=64)).save_pretrained(
-        tmp_path / "gpt2")
-    lora = peft.get_peft_model(llama, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
-                                                      task_type="CAUSAL_LM"))
-    with torch.no_grad():  # lora_B starts at zero: make the adapter change the outputs
-        for name, p in lora.named_parameters():
-            if "lora_B" in name:
-                p.normal_()
-    lora.save_pretrained(tmp_path / "lora")
-    mpt = tiny_model()
-    randomize_norms(mpt)
-    mpt.save_pretrained(tmp_path / "mpt")
+    write_pretrained_folders(tmp_path)
     specs = [dict(name="hf_causal_lm", folder=tmp_path / "llama", settings={"init_device": "meta"}),
              dict(name="hf_causal_lm", folder=tmp_path / "gpt2", settings={"init_device": "mixed"}),  # tied
              dict(name="hf_causal_lm", folder=tmp_path / "llama",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import torch
 
@@ -34,3 +35,28 @@ def randomize_norms(model: torch.nn.Module, seed: int = 1) -> None:
         for name, p in model.named_parameters():
             if "norm" in name or "_ln" in name:
                 p.add_(0.1 * torch.randn(p.shape, generator=g))
+
+
+def write_pretrained_folders(root: Path) -> Path:
+    """In ``root``: a Llama (untied), a GPT-2 (tied embeddings) and our MPT, each saved with save_pretrained
+    (safetensors), and a LoRA adapter on the Llama whose lora_B is drawn (not zero), so that it changes outputs."""
+    import peft
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    llama = LlamaForCausalLM(LlamaConfig(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2))
+    llama.save_pretrained(root / "llama")
+    GPT2LMHeadModel(GPT2Config(vocab_size=512, n_embd=32, n_layer=2, n_head=4, n_positions=64)).save_pretrained(
+        root / "gpt2")
+    mpt = tiny_model()
+    randomize_norms(mpt)
+    mpt.save_pretrained(root / "mpt")
+    lora = peft.get_peft_model(llama, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                                      task_type="CAUSAL_LM"))
+    with torch.no_grad():
+        for name, p in lora.named_parameters():
+            if "lora_B" in name:
+                p.normal_()
+    lora.save_pretrained(root / "lora")
+    return root

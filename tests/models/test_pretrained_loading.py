@@ -3,14 +3,16 @@ embedding resizing and 8-bit loading. The 2-rank FSDP loads are in tests/dist/te
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import (
+    AutoModelForCausalLM,
+)
 
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.models.hf import HFModelSettings
 from llmfoundry.models.mpt.config import MPTModelSettings
 from llmfoundry.registry import models
 from llmfoundry.train import parallel
-from tests.models.helpers import randomize_norms, tiny_model
+from tests.models.helpers import write_pretrained_folders
 
 peft = pytest.importorskip("peft")
 
@@ -19,24 +21,7 @@ peft = pytest.importorskip("peft")
 def folders(tmp_path_factory):
     """A Llama (untied), a GPT-2 (tied embeddings) and our MPT, each saved with save_pretrained (safetensors),
     and a LoRA adapter trained a step on the Llama."""
-    root = tmp_path_factory.mktemp("pretrained")
-    torch.manual_seed(0)
-    llama = LlamaForCausalLM(LlamaConfig(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2))
-    llama.save_pretrained(root / "llama")
-    GPT2LMHeadModel(GPT2Config(vocab_size=512, n_embd=32, n_layer=2, n_head=4, n_positions=64)).save_pretrained(
-        root / "gpt2")
-    mpt = tiny_model()
-    randomize_norms(mpt)
-    mpt.save_pretrained(root / "mpt")
-    lora = peft.get_peft_model(llama, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
-                                                      task_type="CAUSAL_LM"))
-    with torch.no_grad():  # lora_B starts at zero: make the adapter change the outputs
-        for name, p in lora.named_parameters():
-            if "lora_B" in name:
-                p.normal_()
-    lora.save_pretrained(root / "lora")
-    return root
+    return write_pretrained_folders(tmp_path_factory.mktemp("pretrained"))
 
 
 def hf(**values):

@@ -235,3 +235,12 @@ def test_autoresume_continues_a_save_folder_llm_foundry_wrote(fixture_data, tmp_
     trainer = make_trainer({**recipe, "max_duration": "4ba"})
     trainer._resume()
     assert trainer.time.batch == 3  # our own newer checkpoint now comes first
+
+
+def test_a_recipe_tokenizer_can_name_an_llm_foundry_mpt_folder(tmp_path):
+    """tokenizer.name pointing at llm-foundry's MPT export (whose config.json transformers' MptConfig refuses)."""
+    from llmfoundry.data.tokenizers import build_tokenizer
+    from llmfoundry.train.composer_checkpoint import write_hf_folder
+
+    folder = write_hf_folder(read_composer_checkpoint(FIXTURES / CHECKPOINTS["mpt_sharded"]), tmp_path / "hf")
+    assert build_tokenizer(str(folder), {})("The cat").input_ids == [64, 20]
