@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import importlib
 import sys
+import unicodedata
 
-from llmfoundry.core.errors import ConfigError, did_you_mean
+from llmfoundry.core.errors import CollectiveError, ConfigError, did_you_mean
 
 # command -> (module with `main(argv: list[str]) -> int`, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -20,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
               "--gpus-per-node G"),
     "k8s": ("llmfoundry.commands.k8s", "write Kubeflow TrainJob/PyTorchJob manifests: llmfoundry k8s RECIPE.yaml "
             "--nodes N --gpus-per-node G --image IMAGE"),
+    "ray": ("llmfoundry.commands.ray", "train on a Ray cluster: llmfoundry ray RECIPE.yaml --num-workers N"),
     "data": ("llmfoundry.data.prep.cli", "prepare datasets as MDS shards: llmfoundry data {text,json,hf,finetuning}"),
 }
 
@@ -30,13 +32,24 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
+def printable(text: str) -> str:
+    """``text`` with control characters and line or paragraph separators escaped (``\\n``, ``\\x0c``, ``\\u2028``):
+    an error quoting a value or a file's contents stays on one line and cannot drive the terminal."""
+    return "".join(repr(c)[1:-1] if c != "\t" and unicodedata.category(c) in ("Cc", "Zl", "Zp", "Cs") else c
+                   for c in text)
+
+
 def run_main(main, argv: list[str]) -> int:
     """Run a command's main; bad user input becomes a clear message and exit code 2, with no traceback."""
     try:
         return int(main(argv) or 0)
     except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
+        # one line per problem, whatever the problems quote (a value, a file's line) holds
+        print(f"error: {ConfigError.many([printable(problem) for problem in error.problems])}", file=sys.stderr)
         return 2
+    except CollectiveError as error:  # a rank stopped or hangs: which rank waited for what, in one line
+        print(f"error: {printable(str(error))}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

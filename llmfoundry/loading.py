@@ -29,6 +29,7 @@ from llmfoundry.data.tokenizers import build_tokenizer, load_saved_tokenizer
 from llmfoundry.eval.models import HF, model_settings
 from llmfoundry.models.hf import HFModelSettings, load_hf_causal_lm
 from llmfoundry.models.hf_import import is_llm_foundry_mpt_folder, load_as_mpt
+from llmfoundry.models.interface import is_encoder_decoder
 from llmfoundry.train import composer_checkpoint, parallel
 from llmfoundry.train.builders import build_model
 from llmfoundry.train.builders import build_tokenizer as build_recipe_tokenizer
@@ -65,15 +66,27 @@ def load_checkpoint_model(path: str | Path, device: str | torch.device = "cpu"):
     return model.to(device).eval(), tokenizer
 
 
+def refuse_encoder_decoder(model: torch.nn.Module, key: str, use: str) -> None:
+    """A one-line error when ``model`` is an encoder-decoder model (hf_t5): ``use`` (ICL evaluation, generation)
+    takes decoder-only models here."""
+    if is_encoder_decoder(model):
+        raise ConfigError(f"{key}: an encoder-decoder model (hf_t5) cannot be used for {use} here, which takes "
+                          "decoder-only models (llmfoundry convert exports it; transformers' T5 classes run it)")
+
+
 def load_model(path: str | Path, device: str | torch.device = "cpu", *, dtype: torch.dtype | None = None,
-               key: str = "model"):
+               key: str = "model", use: str | None = "generation"):
     """(model, tokenizer) from one of our checkpoints or a Hugging Face folder (local or ``s3://``), in eval mode.
 
     ``dtype``: the weights' dtype for a Hugging Face folder (default: transformers' choice); a checkpoint of ours
-    comes back in the dtype its recipe trains in."""
+    comes back in the dtype its recipe trains in. ``use``: what the model is for, when only decoder-only models
+    can do it (an hf_t5 checkpoint is a one-line error); None (convert) takes encoder-decoder models too."""
     path = local_model_path(path, key)
     if not is_hf_folder(path):
-        return load_checkpoint_model(path, device)
+        model, tokenizer = load_checkpoint_model(path, device)
+        if use is not None:
+            refuse_encoder_decoder(model, key, use)
+        return model, tokenizer
     if is_llm_foundry_mpt_folder(path):  # read as JSON and tensors: its Python files are never run
         model = load_as_mpt(path)
         return model.to(dtype or torch.float32).to(device).eval(), load_saved_tokenizer(path)
@@ -145,6 +158,7 @@ def load_eval_model(spec, device: torch.device | str = "cpu", *, max_seq_len: in
         default = source if isinstance(source, str) and (name == HF or is_hf_folder(source)) else None
         tokenizer = _eval_tokenizer(spec, key, default, max_seq_len)
         model = _build(name, settings, tokenizer, key)
+    refuse_encoder_decoder(model, key, "evaluation")
     if parallel.is_meta(model):  # init_device: meta with no weights to load: initialise it here, on the CPU
         parallel.materialize(model, "cpu", torch.initial_seed())
     model = getattr(model, "hf_model", model)  # call the transformers model itself (KV cache, generate)

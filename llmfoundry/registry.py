@@ -43,6 +43,7 @@ class Registry:
         # the registry stays cheap and free of cycles.
         self._provider_modules = provider_modules
         self._entries: dict[str, Entry] = {}
+        self._refused: dict[str, str] = {}  # names llm-foundry registers that cannot exist here -> why
         self._loaded = False
 
     def register(self, name: str, *, config: type | None = None,
@@ -55,6 +56,10 @@ class Registry:
             return builder
 
         return decorator
+
+    def refuse(self, name: str, why: str) -> None:
+        """Make ``name`` (registered by llm-foundry, impossible here) a one-line error saying ``why`` when used."""
+        self._refused[name] = why
 
     def _load(self) -> None:
         if self._loaded:
@@ -73,7 +78,7 @@ class Registry:
 
     def __contains__(self, name: str) -> bool:
         self._load()
-        return name in self._entries
+        return isinstance(name, str) and name in self._entries
 
     def get(self, name: str, *, key: str | None = None) -> Entry:
         """The entry for ``name``; an unknown name is a ConfigError that lists the valid names.
@@ -81,6 +86,12 @@ class Registry:
         ``key`` is the config path that held the name (e.g. ``model.name``), used in the message.
         """
         self._load()
+        if not isinstance(name, str):  # e.g. a list or a mapping where a recipe needs one name
+            raise ConfigError(f"{key + ': ' if key else ''}expected the name of a {self.kind[:-1]} (one of "
+                              f"{', '.join(self.names())}), got {type(name).__name__} {name!r:.40}")
+        if name in self._refused and name not in self._entries:
+            raise ConfigError(f"{key + ': ' if key else ''}{self.kind[:-1]} '{name}' is not available here: "
+                              f"{self._refused[name]}")
         if name not in self._entries:
             where = f"{key}: " if key else ""
             valid = ", ".join(self.names()) or "(none registered)"

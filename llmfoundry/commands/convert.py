@@ -26,7 +26,7 @@ import torch
 from huggingface_hub import HfApi, constants
 from huggingface_hub.errors import HFValidationError, LocalTokenNotFoundError
 from huggingface_hub.utils import validate_repo_id
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 from llmfoundry.core import objectstore
 from llmfoundry.core.errors import ConfigError, first_line
@@ -60,7 +60,7 @@ def main(argv: list[str]) -> int:
     if args.recipe is not None:
         return write_training_checkpoint(args.checkpoint, args.out_dir, args.recipe)
     check_outputs(args.out_dir, args.hf_repo_for_upload, args.test_uploaded_model)  # before the slow part
-    model, tokenizer = load_model(args.checkpoint)
+    model, tokenizer = load_model(args.checkpoint, use=None)  # an hf_t5 checkpoint exports too
     write_outputs(model, tokenizer, args.out_dir, args.dtype, args.hf_repo_for_upload, args.test_uploaded_model)
     return 0
 
@@ -127,7 +127,7 @@ def write_outputs(model, tokenizer, out_dir: str, dtype: str, repo: str | None =
                   "once it is downloaded")
         else:
             print(f"wrote {name} ({dtype}) to {out_dir}; load it with "
-                  f"transformers.AutoModelForCausalLM.from_pretrained('{out_dir}')")  # fmt: skip
+                  f"transformers.{auto_class(folder).__name__}.from_pretrained('{out_dir}')")  # fmt: skip
         if repo is not None:
             where = upload_model(folder, repo)
             print(f"uploaded {out_dir} to {where}")
@@ -164,11 +164,17 @@ def upload_model(folder: Path, destination: str) -> str:
     return destination
 
 
+def auto_class(folder: Path):
+    """transformers' Auto class that loads the exported ``folder``: Seq2SeqLM for an encoder-decoder (hf_t5)."""
+    encoder_decoder = getattr(AutoConfig.from_pretrained(str(folder)), "is_encoder_decoder", False)
+    return AutoModelForSeq2SeqLM if encoder_decoder else AutoModelForCausalLM
+
+
 def check_uploaded_model(folder: Path, uploaded: str, dtype: str) -> None:
     """Load the model back from where :func:`upload_model` put it and check that it is the export: same class,
     dtype and weights (llm-foundry's check compares classes, parameter counts and dtype)."""
-    expected = AutoModelForCausalLM.from_pretrained(str(folder), dtype=DTYPES[dtype])
-    got = AutoModelForCausalLM.from_pretrained(uploaded, dtype=DTYPES[dtype])
+    expected = auto_class(folder).from_pretrained(str(folder), dtype=DTYPES[dtype])
+    got = auto_class(folder).from_pretrained(uploaded, dtype=DTYPES[dtype])
     theirs, ours = got.state_dict(), expected.state_dict()
     same = type(got) is type(expected) and theirs.keys() == ours.keys() and all(
         theirs[k].dtype == ours[k].dtype and torch.equal(theirs[k], ours[k]) for k in ours)

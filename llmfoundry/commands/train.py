@@ -13,13 +13,13 @@ import os
 import subprocess
 import sys
 
-from llmfoundry.config.load import load_config
 from llmfoundry.core import dist
 from llmfoundry.core.errors import ConfigError
-from llmfoundry.registry import import_code_paths
 from llmfoundry.train.errors import TrainingStopped
-from llmfoundry.train.recipe import TrainConfig, validate
+from llmfoundry.train.recipe import cuda_environment, load_train_config
 from llmfoundry.train.trainer import Trainer, device_batch_size
+
+__all__ = ["main", "load_train_config", "cuda_environment"]  # the last two live in train/recipe.py
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -33,29 +33,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("-n", "--nproc", type=int, default=None,
                         help="processes on this machine (one per GPU): runs the job under torch.distributed.run")
     return parser.parse_args(argv)
-
-
-def load_train_config(recipe: str, overrides: list[str]) -> tuple[TrainConfig, dict]:
-    """The validated TrainConfig and the resolved plain config it came from."""
-    plain = load_config(recipe, overrides, TrainConfig)
-    import_code_paths(plain.get("code_paths"))  # what they register must be known to the validator
-    return validate(plain, TrainConfig), plain
-
-
-def cuda_environment(cfg: TrainConfig, environ: dict[str, str]) -> dict[str, str]:
-    """Environment variables for max_split_size_mb, expandable_segments and cuda_load_lazy; they take effect
-    because CUDA reads them at its first allocation/kernel load. A setting already in the environment wins."""
-    current = environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
-    entries = [e for e in current.split(",") if e]
-    given = {e.split(":", 1)[0].strip() for e in entries}
-    if cfg.max_split_size_mb is not None and "max_split_size_mb" not in given:
-        entries.append(f"max_split_size_mb:{cfg.max_split_size_mb}")
-    if cfg.expandable_segments and "expandable_segments" not in given:
-        entries.append("expandable_segments:True")
-    updates = {"PYTORCH_CUDA_ALLOC_CONF": ",".join(entries)} if entries else {}
-    if cfg.cuda_load_lazy and "CUDA_MODULE_LOADING" not in environ:
-        updates["CUDA_MODULE_LOADING"] = "LAZY"
-    return updates
 
 
 def torchrun_command(nproc: int, recipe: str, overrides: list[str]) -> list[str]:
@@ -80,6 +57,11 @@ def main(argv: list[str]) -> int:
     except TrainingStopped as error:
         print(f"training stopped: {error}", file=sys.stderr)
         return 3
+    except RuntimeError as error:  # FSDP's, DDP's and DCP's own collectives: bounded by dist_timeout too
+        if dist.is_collective_failure(error):
+            what = "a collective inside training (gradient sync, FSDP, checkpoint)"
+            raise dist.collective_failure(what, error) from None
+        raise
     finally:
         dist.destroy()
     return 0

@@ -37,7 +37,12 @@ def read_yaml(path: str | Path) -> DictConfig:
     if not path.is_file():
         raise ConfigError(f"{path}: no such recipe file (give the path of a YAML file, e.g. yamls/quickstart.yaml)")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as error:
+        bad = error.object[error.start:error.start + 1]
+        raise ConfigError(f"{path}: not UTF-8 text (byte {error.start}: {bad!r}); save the recipe as UTF-8") from None
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read the recipe ({first_line(error)})") from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
@@ -50,7 +55,7 @@ def read_yaml(path: str | Path) -> DictConfig:
     try:
         return OmegaConf.create(data)
     except OmegaConfBaseException as error:
-        raise ConfigError(f"{path}: {error}") from None
+        raise ConfigError(f"{path}: {first_line(error)}") from None
 
 
 def apply_overrides(cfg: DictConfig, overrides: list[str]) -> None:

@@ -9,18 +9,22 @@ are written back as torchrun's variables, so the rest of the code reads one set 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from llmfoundry.core.errors import ConfigError
+from llmfoundry.core.errors import CollectiveError, ConfigError, first_line
 from llmfoundry.core.hostlist import expand_counts, expand_hostlist
 
 TORCHRUN_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+# The process group's timeout when init_distributed made it (None: a group someone else made, with its own).
+_timeout_s: float | None = None
+_launcher_device: torch.device | None = None  # set by use_device()
 
 
 def rendezvous_port(job_id: int | str) -> int:
@@ -88,8 +92,21 @@ class DistInfo:
         return self.rank == 0
 
 
+def use_device(device: torch.device | None) -> None:
+    """The device chosen for this process by the launcher that made its process group (Ray Train's
+    ``get_device()``, which knows the GPUs Ray gave the worker); init_distributed then uses it instead of
+    cuda:LOCAL_RANK. None forgets it."""
+    global _launcher_device
+    _launcher_device = device
+
+
 def init_distributed(timeout_s: float = 600.0) -> DistInfo:
-    """Join the process group the launcher describes (gloo on CPU, nccl on CUDA) and pick this rank's device."""
+    """Join the process group the launcher describes (gloo on CPU, nccl on CUDA) and pick this rank's device.
+
+    ``timeout_s`` (the recipes' ``dist_timeout``) bounds every collective of a group made here, for torchrun,
+    Slurm and Kubeflow alike. A group that already exists (Ray Train's, a caller's) keeps the timeout it was made
+    with, which cannot be changed afterwards: Ray's is ``TorchConfig(timeout_s=...)``, 1800 s by default."""
+    global _timeout_s
     if dist.is_initialized():  # someone else (Ray, a caller) made the group: use it as it is
         rank, world_size = dist.get_rank(), dist.get_world_size()
         local_rank = int(os.environ.get("LOCAL_RANK", str(rank % max(1, torch.cuda.device_count()))))
@@ -100,16 +117,54 @@ def init_distributed(timeout_s: float = 600.0) -> DistInfo:
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
         rank = int(os.environ.get("RANK", "0"))
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if torch.cuda.is_available():
+    if _launcher_device is not None:
+        device = _launcher_device
+    elif torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     if world_size > 1 and not dist.is_initialized():
+        _timeout_s = timeout_s  # every collective of the group (ours, FSDP's, DCP's) fails after this long
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s),
                                 device_id=device if device.type == "cuda" else None)
     return DistInfo(rank, world_size, local_rank, device)
+
+
+def collective_failure(op: str, error: BaseException) -> CollectiveError:
+    """One line for a collective that failed: this rank, the operation, and whether it timed out or lost a peer."""
+    text = str(error)
+    where = f"rank {rank()} of {world_size()}"
+    if "timed out" in text.lower() or "timeout" in text.lower():
+        limit = f"dist_timeout={_timeout_s:g}s" if _timeout_s is not None else "the process group's timeout"
+        what = (f"did not complete within {limit}: another rank stopped or is stuck before it (raise dist_timeout "
+                "if a step can legitimately take longer)")
+    else:
+        what = "failed: another rank left the job"
+    return CollectiveError(f"{where}: {op} {what} ({first_line(error)[:200]})")
+
+
+def is_collective_failure(error: BaseException) -> bool:
+    """Whether ``error`` (from anywhere in a run) came from the process group: a timeout or a lost peer."""
+    if not dist.is_initialized() or isinstance(error, CollectiveError):
+        return False
+    text = str(error)
+    return isinstance(error, dist.DistError) or any(mark in text for mark in (
+        "gloo", "NCCL", "ProcessGroup", "Timed out waiting", "Connection reset by peer", "Connection closed by peer"))
+
+
+@contextlib.contextmanager
+def collective(op: str) -> Iterator[None]:
+    """Run one collective named ``op``; its failure (a timeout, a peer gone) becomes a CollectiveError naming this
+    rank and ``op``."""
+    try:
+        yield
+    except RuntimeError as error:
+        if not is_collective_failure(error):
+            raise
+        raise collective_failure(op, error) from None
 
 
 def world_size() -> int:
@@ -120,15 +175,18 @@ def rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def barrier() -> None:
+def barrier(op: str = "barrier") -> None:
+    """Wait for every rank; ``op`` names what the ranks meet for, in the error when one never comes."""
     if dist.is_initialized():
-        dist.barrier()
+        with collective(op):
+            dist.barrier()
 
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     """Sum over ranks, in place (a no-op on one process)."""
     if dist.is_initialized():
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        with collective("all_reduce (sum)"):
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor
 
 
@@ -137,8 +195,19 @@ def broadcast_object(obj):
     if not dist.is_initialized():
         return obj
     holder = [obj]
-    dist.broadcast_object_list(holder, src=0)
+    with collective("broadcast from rank 0"):
+        dist.broadcast_object_list(holder, src=0)
     return holder[0]
+
+
+def all_gather_object(obj) -> list:
+    """Every rank's ``obj``, in rank order, on every rank."""
+    if not dist.is_initialized():
+        return [obj]
+    gathered = [None] * dist.get_world_size()
+    with collective("all_gather_object"):
+        dist.all_gather_object(gathered, obj)
+    return gathered
 
 
 def destroy() -> None:

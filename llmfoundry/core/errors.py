@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable
 
 
@@ -31,6 +32,11 @@ class ConfigError(ValueError):
         return ConfigError.many([new + p[len(old):] if p.startswith(old) else f"{new}: {p}" for p in self.problems])
 
 
+class CollectiveError(RuntimeError):
+    """A collective that did not complete: another rank stopped, or it waited past ``dist_timeout``. The message is
+    one line naming this rank and the operation; the CLI prints it without a traceback and exits with code 1."""
+
+
 def first_line(error: BaseException) -> str:
     """The first line of an exception's message (its type's name when the message is empty), for one-line errors
     that quote what a library said."""
@@ -48,3 +54,11 @@ def did_you_mean(word: str, candidates: Iterable[str]) -> str:
     """' (did you mean 'x'?)' or '' — to append to an error message."""
     match = closest(word, candidates)
     return f" (did you mean '{match}'?)" if match else ""
+
+
+def refusal_reason(error: BaseException) -> str:
+    """What torch's ``weights_only`` unpickler refused, in a few words (its message runs to a page)."""
+    found = re.search(r"unsupported global:? GLOBAL ([\w.]+)", str(error), re.IGNORECASE)
+    if found:
+        return f"it needs '{found.group(1)}', which is not allowed"
+    return first_line(error)[:200]

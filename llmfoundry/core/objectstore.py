@@ -78,19 +78,42 @@ def endpoint() -> str | None:
     return os.environ.get("S3_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3") or None
 
 
-def client(max_attempts: int = 3, connect_timeout_s: float = 5.0, read_timeout_s: float = 60.0):
-    """An S3 client for AWS or any S3-compatible store. ``max_attempts=1`` leaves retrying to the caller (see
-    :class:`Retry`), as the checkpoint uploads do."""
+# Bounds on every request: seconds to connect, seconds a read may wait for the next bytes (so no call hangs on a
+# dead connection), and attempts per request; the environment sets them for every command and every rank.
+TIMEOUT_ENV = {"connect_timeout_s": ("LLMFOUNDRY_S3_CONNECT_TIMEOUT", 5.0),
+               "read_timeout_s": ("LLMFOUNDRY_S3_READ_TIMEOUT", 60.0)}
+
+
+def _seconds(name: str, default: float) -> float:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise ConfigError(f"{name}: '{text}' is not a number of seconds above 0 (unset it for {default:g})")
+    return value
+
+
+def client(max_attempts: int = 3, connect_timeout_s: float | None = None, read_timeout_s: float | None = None):
+    """An S3 client for AWS or any S3-compatible store, its requests bounded by ``LLMFOUNDRY_S3_CONNECT_TIMEOUT``
+    (5 s) and ``LLMFOUNDRY_S3_READ_TIMEOUT`` (60 s) unless given here. ``max_attempts=1`` leaves retrying to the
+    caller (see :class:`Retry`), as the checkpoint uploads do."""
     import boto3  # an optional extra of its own ("s3"); imported on first use
     from botocore.config import Config
 
-    config = Config(retries={"max_attempts": max_attempts, "mode": "standard"}, connect_timeout=connect_timeout_s,
-                    read_timeout=read_timeout_s)
+    connect = connect_timeout_s if connect_timeout_s is not None else _seconds(*TIMEOUT_ENV["connect_timeout_s"])
+    read = read_timeout_s if read_timeout_s is not None else _seconds(*TIMEOUT_ENV["read_timeout_s"])
+    config = Config(retries={"max_attempts": max_attempts, "mode": "standard"}, connect_timeout=connect,
+                    read_timeout=read)
     return boto3.session.Session().client("s3", endpoint_url=endpoint(), config=config)
 
 
 def error_code(error: BaseException) -> str:
-    return str(getattr(error, "response", {}).get("Error", {}).get("Code", ""))
+    response = getattr(error, "response", None)  # botocore's timeouts carry response=None
+    return str(response.get("Error", {}).get("Code", "")) if isinstance(response, dict) else ""
 
 
 def is_missing(error: BaseException) -> bool:
@@ -207,11 +230,13 @@ class ObjectFolder:
     def download(self, name: str, dest: Path, skip: Callable[[str], bool] = lambda rel: False) -> Path:
         """Copy the objects under ``name`` into a fresh ``dest/name`` (each file written atomically); ``skip``
         leaves out relative paths. Returns that folder."""
-        target = Path(dest) / name
+        target = Path(dest) / inside(name, self.url)
         shutil.rmtree(target, ignore_errors=True)
         base = self.key(name)
-        for key in self.list_keys(name):
-            rel = key[len(base) + 1:] if base else key
+        wanted = [(key, key[len(base) + 1:] if base else key) for key in self.list_keys(name)]
+        # a console's "folder" placeholder (a key ending in /) holds nothing; every other key is checked first
+        wanted = [(key, inside(rel, f"{self.url}/{name}")) for key, rel in wanted if not key.endswith("/")]
+        for key, rel in wanted:
             if skip(rel):
                 continue
             path = target / rel
@@ -224,6 +249,17 @@ class ObjectFolder:
     def delete(self, keys: list[str]) -> None:
         for key in keys:
             self.s3.delete_object(Bucket=self.bucket, Key=key)
+
+
+def inside(rel: str, where: str) -> str:
+    """``rel`` (a key below a listed prefix, or a name read from a pointer object) when joining it to a local
+    folder stays inside that folder; a key with ``..``, ``.`` or empty parts, an absolute path, a backslash or a
+    NUL is a one-line ConfigError: a bucket someone else writes must not place files anywhere else on disk."""
+    parts = rel.split("/")
+    if not rel or rel.startswith("/") or "\\" in rel or "\x00" in rel or any(p in ("", ".", "..") for p in parts):
+        raise ConfigError(f"{where}: object key '{rel}' would be written outside the local staging folder ('..', "
+                          "an absolute path or an empty part in it); refused, nothing was downloaded from it")
+    return rel
 
 
 # ----------------------------------------------------------------------------------------------- whole files

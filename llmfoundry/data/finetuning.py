@@ -92,7 +92,10 @@ class FinetuningDatasetSettings(StreamingOptions):
         differs="an error here; llm-foundry warns that it is an extraneous key and ignores it",
     )
     max_seq_len: PositiveInt = option(2048, "tokens per row; longer examples are truncated")
-    decoder_only_format: bool = option(True, "prompt and response in one sequence (false: encoder-decoder style)")
+    decoder_only_format: bool = option(
+        True, "prompt and response in one sequence; false: encoder-decoder batches for model.name hf_t5 (context -> "
+        "input_ids, the last response -> labels and the decoder's inputs; no packing)"
+    )
     target_prompts: str = option("none", "which prompt tokens carry loss: none, all, or length>=N")
     target_responses: Literal["last", "all"] = option("last", "which responses carry loss: the last turn's or all")
     packing_ratio: float | Literal["auto"] | None = option(
@@ -324,12 +327,17 @@ def build_example(turns, ds: FinetuningDatasetSettings, key: str) -> dict[str, l
 
 
 def build_encdec_example(turns, ds: FinetuningDatasetSettings) -> dict[str, list[int]] | None:
-    """decoder_only_format false: the context is input_ids, the last response is labels."""
+    """decoder_only_format false: the context is input_ids, the last response (ending with EOS) is labels. As
+    llm-foundry's Seq2SeqFinetuningCollator, each is cut to its first max_seq_len - 1 tokens plus EOS when longer;
+    an example with an empty context or response is dropped (its is_valid_ift_example)."""
     context = [t for prompt, response in turns[:-1] for t in prompt + response] + turns[-1][0]
     response = turns[-1][1]
-    input_ids, labels = context[-ds.max_seq_len:], response[: ds.max_seq_len]
-    if not labels:
+    if not context or not response:
         return None
+    eos = response[-1]  # tokenize_example ends the last response with the tokenizer's EOS
+    keep = ds.max_seq_len - 1
+    input_ids = context if len(context) <= ds.max_seq_len else context[:keep] + [eos]
+    labels = response if len(response) <= ds.max_seq_len else response[:keep] + [eos]
     return {"input_ids": input_ids, "labels": labels}
 
 

@@ -1,5 +1,6 @@
 """The ``finetuning`` loader: tokenized examples (from records, see finetuning.py, or MDS shards written by
-``convert_finetuning_dataset.py``) -> padded or packed batches with a resumable global sample position.
+``convert_finetuning_dataset.py``) -> padded or packed batches (data/finetuning_collator.py) with a resumable
+global sample position.
 
 With packing (``packing_ratio``), several examples share a row, packed by llm-foundry's rule (data/packing.py:
 largest first, rows that do not fit a batch carried into the next): ``sequence_id`` numbers them and no label
@@ -19,10 +20,11 @@ import torch
 
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.core.notices import notice_once
-from llmfoundry.data.finetuning import FinetuningDataset, FinetuningDatasetSettings, FinetuningLoaderSettings
+from llmfoundry.data.finetuning import FinetuningDataset, FinetuningLoaderSettings
+from llmfoundry.data.finetuning_collator import FinetuningCollator
 from llmfoundry.data.packing import BinPacker, auto_packing_ratio, examples_per_batch, profiled_example_count
 from llmfoundry.data.streaming_guard import import_streaming
-from llmfoundry.data.text import IGNORE_INDEX, dataloader_kwargs, make_streaming_dataset
+from llmfoundry.data.text import dataloader_kwargs, make_streaming_dataset
 from llmfoundry.registry import dataloaders
 
 log = logging.getLogger(__name__)
@@ -38,55 +40,6 @@ class StreamingFinetuningDataset(streaming.StreamingDataset):
             raise ConfigError(f"finetuning MDS samples need input_ids and labels (have {sorted(sample)}); "
                               "write them with data_prep/convert_finetuning_dataset.py")
         return {k: np.asarray(sample[k]).astype(np.int64).tolist() for k in ("input_ids", "labels")}
-
-
-# ----------------------------------------------------------------------------------------------- batches
-class FinetuningCollator:
-    """Pads examples into a batch (``__call__``), or turns packed bins of examples into rows (``packed``)."""
-
-    def __init__(self, ds: FinetuningDatasetSettings, pad_token_id: int, rows: int):
-        self.max_seq_len = ds.max_seq_len
-        self.pad = pad_token_id
-        self.rows = rows
-        self.trim = ds.allow_pad_trimming
-        self.decoder_only = ds.decoder_only_format
-        self.num_dropped = 0  # examples in carried-over bins beyond max_leftover_bins_to_keep (never trained)
-
-    def _tensor(self, rows: list[list[int]], fill: int, length: int) -> torch.Tensor:
-        out = torch.full((len(rows), length), fill, dtype=torch.long)
-        for i, row in enumerate(rows):
-            out[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-        return out
-
-    def __call__(self, examples: list[dict[str, list[int]]]) -> dict[str, torch.Tensor]:
-        ids = [e["input_ids"] for e in examples]
-        if not self.decoder_only:
-            length = self.max_seq_len if not self.trim else max(len(r) for r in ids)
-            label_length = self.max_seq_len if not self.trim else max(len(e["labels"]) for e in examples)
-        else:
-            length = label_length = max(1, max(len(r) for r in ids)) if self.trim else self.max_seq_len
-        return {
-            "input_ids": self._tensor(ids, self.pad, length),
-            "attention_mask": self._tensor([[1] * len(r) for r in ids], 0, length),
-            "labels": self._tensor([e["labels"] for e in examples], IGNORE_INDEX, label_length),
-        }
-
-    def packed(self, bins: list[list[dict[str, list[int]]]]) -> dict[str, torch.Tensor]:
-        """One row per bin, always ``max_seq_len`` long (as llm-foundry's, whatever allow_pad_trimming says);
-        ``sequence_id`` numbers a row's examples (-1 on padding) and each example after the first loses its first
-        label, so no example's last token learns to predict the next example's first one."""
-        ids, labels, seq = [], [], []
-        for members in bins:
-            ids.append([t for e in members for t in e["input_ids"]])
-            labels.append([IGNORE_INDEX if n and k == 0 else t
-                           for n, e in enumerate(members) for k, t in enumerate(e["labels"])])
-            seq.append([n for n, e in enumerate(members) for _ in e["input_ids"]])
-        return {
-            "input_ids": self._tensor(ids, self.pad, self.max_seq_len),
-            "labels": self._tensor(labels, IGNORE_INDEX, self.max_seq_len),
-            "attention_mask": self._tensor([[1] * len(r) for r in ids], 0, self.max_seq_len),
-            "sequence_id": self._tensor(seq, -1, self.max_seq_len),
-        }
 
 
 class PackingState:
@@ -157,6 +110,13 @@ def epoch_order(num_examples: int, shuffle: bool, seed: int, epoch: int) -> list
     return torch.randperm(num_examples, generator=torch.Generator().manual_seed(seed + epoch)).tolist()
 
 
+def padded_for_ranks(order: list[int], size: int) -> list[int]:
+    """DistributedSampler's ``drop_last: false``: the epoch's first examples repeated at its end until every rank
+    has as many (so the last batch is as long on every rank, and no rank runs out of batches before the others)."""
+    pad = -len(order) % size
+    return order + (order * math.ceil(pad / len(order)))[:pad] if pad and order else order
+
+
 def world() -> tuple[int, int]:
     """(rank, world size) of this process."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -175,7 +135,8 @@ class FinetuningLoader:
 
     Each epoch is a seeded permutation of the examples (or their order, without shuffle); step ``s`` takes its
     ``n * world`` examples ``[s * n * world, (s + 1) * n * world)`` and rank ``r`` every ``world``-th of them from
-    the ``r``-th (``n``: examples per rank and batch), which is how llm-foundry's DistributedSampler deals them.
+    the ``r``-th (``n``: examples per rank and batch), which is how llm-foundry's DistributedSampler deals them; with
+    ``drop_last: false`` the epoch is first padded as that sampler pads it (:func:`padded_for_ranks`).
     ``state_dict()`` is ``{"epoch", "sample_in_epoch"}`` counted over all ranks, so resuming with another world
     size continues at the same example; with packing it also holds every rank's carried-over bins (example ids).
 
@@ -214,6 +175,8 @@ class FinetuningLoader:
         """(global position after the step, this rank's example indices) for each step of the epoch from ``start``."""
         rank, size = world()
         order = self._order(self.epoch)
+        if not self.drop_last:
+            order = padded_for_ranks(order, size)
         per_step = self.examples_per_batch * size
         batches = []
         for position in range(start, len(order), per_step):
@@ -325,7 +288,7 @@ def build_finetuning_dataloader(settings: FinetuningLoaderSettings, tokenizer, d
         packs = ratio is not None and float(ratio) != 1.0
         per_batch = examples_per_batch(device_batch_size, float(ratio)) if packs else device_batch_size
         dataset = make_streaming_dataset(StreamingFinetuningDataset, ds, per_batch, f"{key}.dataset")
-        collator = FinetuningCollator(ds, pad, device_batch_size)
+        collator = FinetuningCollator(ds, pad, device_batch_size, tokenizer.padding_side)
         collate = StreamPackingCollator(PackingState(collator, keep, 0, False)) if packs else collator
         if packs and keep != 0:
             notice_once(f"{key}.dataset.packing_ratio: with MDS data the packed rows carried over between batches are "
@@ -339,7 +302,7 @@ def build_finetuning_dataloader(settings: FinetuningLoaderSettings, tokenizer, d
         ratio = _smallest_over_ranks(auto_packing_ratio(sizes, ds.max_seq_len, device_batch_size))
         print(f"{key}.dataset.packing_ratio: auto chose {ratio}", flush=True)
     packs = ratio is not None and float(ratio) != 1.0
-    collator = FinetuningCollator(ds, pad, device_batch_size)
+    collator = FinetuningCollator(ds, pad, device_batch_size, tokenizer.padding_side)
     packing = PackingState(collator, keep, settings.num_workers, settings.persistent_workers) if packs else None
     per_batch = examples_per_batch(device_batch_size, float(ratio)) if packs else device_batch_size
     return FinetuningLoader(dataset, collator, per_batch, settings, packing=packing,

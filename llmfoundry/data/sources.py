@@ -25,7 +25,12 @@ def iter_records(path: str) -> Iterator[tuple[str, dict]]:
     data = objectstore.read_bytes(path)
     if data is None:
         raise ConfigError(f"{path}: file does not exist")
-    text = data.decode("utf-8", errors="strict")
+    try:
+        text = data.decode("utf-8", errors="strict")
+    except UnicodeDecodeError as error:
+        line = data[:error.start].count(b"\n") + 1
+        raise ConfigError(f"{path}:{line}: not UTF-8 text (byte {data[error.start:error.start + 1]!r}); save the file "
+                          "as UTF-8") from None
     stripped = text.lstrip()
     if path.endswith(".json") and stripped[:1] in ("[", "{") and not _looks_like_jsonl(stripped):
         try:
@@ -36,7 +41,7 @@ def iter_records(path: str) -> Iterator[tuple[str, dict]]:
         for i, record in enumerate(records):
             yield f"{path}: record {i}", _as_object(record, f"{path}: record {i}")
         return
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(text.split("\n"), start=1):  # JSON strings may hold U+2028 and other breaks
         if not line.strip():
             continue
         where = f"{path}:{number}"

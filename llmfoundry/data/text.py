@@ -40,6 +40,7 @@ from llmfoundry.config.fields import option
 from llmfoundry.config.validate import Check
 from llmfoundry.core import objectstore
 from llmfoundry.core.errors import ConfigError
+from llmfoundry.data.shard_check import check_local_shards
 from llmfoundry.data.streaming_guard import import_streaming
 from llmfoundry.registry import dataloaders
 
@@ -185,7 +186,8 @@ def _run_key() -> str:
     return f"pid{os.getpid()}"
 
 
-def resolve_local(remote: str | None, local: str | None, split: str | None, key: str) -> str | None:
+def resolve_local(remote: str | None, local: str | None, split: str | None, key: str,
+                  validate_hash: str | None = None) -> str | None:
     """The local folder for one stream.
 
     Without a remote the local folder is the data and must exist. With a remote, an unset local becomes a
@@ -202,6 +204,7 @@ def resolve_local(remote: str | None, local: str | None, split: str | None, key:
                 f"{key}.local: folder '{folder}' {what} (set {key}.remote or run data_prep/convert_text_to_mds.py "
                 "or data_prep/convert_dataset_hf.py to create it)"
             )
+        check_local_shards(folder, validate_hash, key)  # streaming checks only what it downloads
         return local
     with _used_lock:
         if local is None:
@@ -218,7 +221,8 @@ def build_streams(settings: StreamingOptions, key: str):
         streams = []
         for name, stream in settings.streams.items():
             split = stream.split if stream.split is not None else settings.split
-            local = resolve_local(stream.remote, stream.local, split, f"{key}.streams.{name}")
+            local = resolve_local(stream.remote, stream.local, split, f"{key}.streams.{name}",
+                                  stream.validate_hash or settings.validate_hash)
             streams.append(
                 streaming.Stream(
                     remote=stream.remote,
@@ -234,7 +238,7 @@ def build_streams(settings: StreamingOptions, key: str):
                 )
             )
         return streams, None, None
-    local = resolve_local(settings.remote, settings.local, settings.split, key)
+    local = resolve_local(settings.remote, settings.local, settings.split, key, settings.validate_hash)
     return None, settings.remote, local
 
 

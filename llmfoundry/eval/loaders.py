@@ -14,14 +14,21 @@ import torch
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.core.precision import autocast
 from llmfoundry.data.text import check_token_ids
+from llmfoundry.models.interface import label_offset
 from llmfoundry.models.metrics import LanguageMetrics
 
 
+# what an encoder-decoder model's forward takes besides input_ids (batches of decoder_only_format: false)
+DECODER_INPUTS = ("decoder_input_ids", "decoder_attention_mask")
+
+
 def model_inputs(batch: dict[str, torch.Tensor], supports_sequence_id: bool) -> dict[str, torch.Tensor]:
-    """What a CausalLM's forward takes from a loader batch (sequence_id only for models that can use it)."""
+    """What a CausalLM's forward takes from a loader batch (sequence_id only for models that can use it; the
+    decoder's inputs where the batch has them: an encoder-decoder model's)."""
     inputs = {"input_ids": batch["input_ids"]}
-    if "attention_mask" in batch:
-        inputs["attention_mask"] = batch["attention_mask"]
+    for key in ("attention_mask", *DECODER_INPUTS):
+        if key in batch:
+            inputs[key] = batch[key]
     if "sequence_id" in batch and supports_sequence_id:
         inputs["sequence_id"] = batch["sequence_id"]
     return inputs
@@ -51,7 +58,7 @@ def evaluate_loader(
     token id at or above it is a one-line error instead of an index error inside the embedding."""
     if supports_sequence_id is None:
         supports_sequence_id = bool(getattr(model, "supports_sequence_id", False))
-    sums = LanguageMetrics(names, device)
+    sums = LanguageMetrics(names, device, label_offset(model))
     for i, batch in enumerate(loader):
         if 0 <= subset_num_batches <= i:
             break

@@ -13,11 +13,19 @@ from llmfoundry.core.notices import notice_once
 from llmfoundry.train.run_name import generate_run_name, given_run_name
 
 
-def resolved_recipe(plain: dict, key_prefix: str = "") -> dict:
-    """``plain`` (the resolved, validated recipe) ready to travel with a job: run_name fixed, autoresume on.
+def resolved_recipe(plain: dict, key_prefix: str = "", run_name: str | None = None,
+                    require_save_folder: bool = True) -> dict:
+    """``plain`` (the resolved, validated recipe) ready to travel with a job: run_name fixed (``run_name`` wins
+    over the recipe's), autoresume on. Without ``require_save_folder``, a recipe with no save_folder travels as it
+    is (a restart starts over; the caller says so).
 
     The run's identity never depends on the job id: the same save_folder on every requeue and re-submission."""
     recipe = dict(plain)
+    if run_name:
+        recipe["run_name"] = run_name
+    if not recipe.get("save_folder") and not require_save_folder:
+        recipe["run_name"] = given_run_name(recipe.get("run_name"), os.environ) or generate_run_name()
+        return recipe
     if not recipe.get("save_folder"):
         raise ConfigError(f"{key_prefix}save_folder: not set, so a requeued or restarted job would start over "
                           "(set save_folder to a folder every node can reach, or an s3:// URL)")

@@ -11,6 +11,7 @@ example, which transformers reads as packed sequences. An MPT folder gets ``sequ
 from __future__ import annotations
 
 import functools
+import pickle
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, BitsAndBytesConfig, GenerationConfig
 
 from llmfoundry.config.fields import option
-from llmfoundry.core.errors import ConfigError, did_you_mean, first_line
+from llmfoundry.core.errors import ConfigError, did_you_mean, first_line, refusal_reason
 from llmfoundry.core.notices import notice_once
 from llmfoundry.models.hf_import import is_llm_foundry_mpt_folder
 from llmfoundry.models.layers.positional import segment_positions
@@ -125,17 +126,18 @@ class HFCausalLM(nn.Module):
                 position_ids = segment_positions(sequence_id)
                 # transformers detects packed sequences only without a padding mask and without a cache
                 attention_mask = None
-                if past_key_values is not None or use_cache:
+                if past_key_values is not None or kwargs.get("cache") is not None or use_cache:
                     raise ValueError("hf_causal_lm: sequence_id cannot be combined with a KV cache")
                 use_cache = False
         if use_cache is None and self.training:
             # no KV cache in training: with activation checkpointing the recomputed forward would append to it
             use_cache = False
+        if past_key_values is not None:  # transformers >= 5.24 names it ``cache`` (in kwargs then) and renames this
+            kwargs["past_key_values"] = past_key_values
         return self.hf_model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             labels=labels,
-            past_key_values=past_key_values,
             use_cache=use_cache,
             position_ids=position_ids,
             **kwargs,
@@ -154,7 +156,8 @@ class HFCausalLM(nn.Module):
         """The decoder layers: the modules transformers itself never splits across devices."""
         base = self.base_model
         names = set(getattr(base, "_no_split_modules", None) or [])
-        found = [m for m in base.modules() if type(m).__name__ in names]
+        # by class and base classes: FSDP2 subclasses a sharded block's class (T5Block -> FSDPT5Block)
+        found = [m for m in base.modules() if any(c.__name__ in names for c in type(m).__mro__)]
         if found:
             return found
         lists = [m for m in base.modules() if isinstance(m, nn.ModuleList)]
@@ -185,14 +188,14 @@ class HFCausalLM(nn.Module):
         return 6.0 * n + 12.0 * layers * hidden * seq_len
 
 
-def _apply_overrides(config, overrides: dict[str, Any], prefix: str = "model.config_overrides") -> None:
+def apply_config_overrides(config, overrides: dict[str, Any], prefix: str = "model.config_overrides") -> None:
     for key, value in overrides.items():
         if not hasattr(config, key):
             known = [k for k in config.to_dict()]
             raise ConfigError(f"{prefix}.{key}: the model config has no such key{did_you_mean(key, known)}")
         current = getattr(config, key)
         if isinstance(value, dict) and hasattr(current, "to_dict"):  # a sub-config
-            _apply_overrides(current, value, f"{prefix}.{key}")
+            apply_config_overrides(current, value, f"{prefix}.{key}")
         elif isinstance(value, dict) and isinstance(current, dict):
             setattr(config, key, {**current, **value})
         else:
@@ -249,8 +252,17 @@ def load_hf_causal_lm(settings: HFModelSettings, tokenizer=None) -> HFCausalLM:
         config = AutoConfig.from_pretrained(path, trust_remote_code=settings.trust_remote_code,
                                             token=settings.use_auth_token)
     except (OSError, ValueError) as error:
-        raise ConfigError(f"model.pretrained_model_name_or_path: cannot load a model config from '{path}' ({error})") from error
-    _apply_overrides(config, settings.config_overrides)
+        if "trust_remote_code" in str(error) and not settings.trust_remote_code:
+            raise ConfigError(f"model.pretrained_model_name_or_path: '{path}' needs its own Python code to load (its "
+                              "config.json has auto_map), which is not run unless model.trust_remote_code: true (set "
+                              "it only for a folder you trust)") from None
+        raise ConfigError(f"model.pretrained_model_name_or_path: cannot load a model config from '{path}' "
+                          f"({first_line(error)})") from None
+    apply_config_overrides(config, settings.config_overrides)
+    if getattr(config, "is_encoder_decoder", False):
+        raise ConfigError(f"model.pretrained_model_name_or_path: '{path}' is an encoder-decoder model "
+                          f"({config.model_type}); train it with model.name: hf_t5 (hf_causal_lm, eval, generate and "
+                          "chat take decoder-only models)")
     kwargs: dict[str, Any] = {"trust_remote_code": settings.trust_remote_code}
     on_meta = settings.init_device in ("meta", "mixed")
     if settings.load_in_8bit:
@@ -295,7 +307,12 @@ def _build_transformers_model(settings: HFModelSettings, config, kwargs: dict[st
     path = settings.pretrained_model_name_or_path
     if settings.pretrained and not on_meta:
         token = {} if settings.use_auth_token is None else {"token": settings.use_auth_token}
-        return AutoModelForCausalLM.from_pretrained(path, config=config, **kwargs, **token)
+        try:
+            return AutoModelForCausalLM.from_pretrained(path, config=config, **kwargs, **token)
+        except pickle.UnpicklingError as error:  # transformers reads .bin weights with weights_only=True
+            files = sorted(p.name for p in Path(path).glob("*.bin")) if Path(path).is_dir() else []
+            raise ConfigError(f"model.pretrained_model_name_or_path: '{path}': its weights ({', '.join(files)}) hold "
+                              f"more than tensors, refused unread ({refusal_reason(error)})") from None
     if not on_meta:
         return AutoModelForCausalLM.from_config(config, **kwargs)
     with torch.device("meta"):

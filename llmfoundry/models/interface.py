@@ -4,6 +4,10 @@ Every model builder registered in ``registry.models`` returns an ``nn.Module`` t
 trainer, the parallelism code and the callbacks use them directly, never by probing with ``getattr``. Our MPT
 (``models.mpt``) and the transformers wrapper (``models.hf``) implement it; a plugin model does too, and
 ``check_causal_lm`` names what one lacks when it is built.
+
+One member is optional: ``is_encoder_decoder = True`` marks a model whose forward also takes the batch's
+``decoder_input_ids``/``decoder_attention_mask`` and whose logits are scored against ``labels`` without a shift
+(``hf_t5``); ``label_offset`` reads it, so decoder-only plugin models need not declare it.
 """
 
 from __future__ import annotations
@@ -38,6 +42,16 @@ class CausalLM(Protocol):
     def get_input_embeddings(self) -> nn.Embedding:
         """The token embedding (its ``num_embeddings`` bounds the token ids a batch may hold)."""
         ...
+
+
+def is_encoder_decoder(model: Any) -> bool:
+    """Whether ``model`` declared itself an encoder-decoder model (the optional member above)."""
+    return bool(getattr(model, "is_encoder_decoder", False))
+
+
+def label_offset(model: Any) -> int:
+    """How far ahead of a logit its label sits (llmfoundry.models.loss): 1 for causal LMs, 0 for encoder-decoder."""
+    return 0 if is_encoder_decoder(model) else 1
 
 
 MEMBERS = ("supports_sequence_id", "forward", "flops_per_token", "blocks", "get_input_embeddings")

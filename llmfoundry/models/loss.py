@@ -1,6 +1,12 @@
-"""The causal language-modelling loss, shared by the models' ``forward(labels=...)`` and the trainer."""
+"""The language-modelling loss, shared by the models' ``forward(labels=...)``, the trainer and the metrics.
+
+``offset`` is how far ahead of a logit its label sits (``models.interface.label_offset``): 1 for causal LMs, whose
+labels are not pre-shifted (position t predicts labels[t + 1]); 0 for encoder-decoder models, whose ``labels`` are
+the decoder's targets (position t predicts labels[t], as transformers' T5 scores them)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -8,20 +14,40 @@ import torch.nn.functional as F
 IGNORE_INDEX = -100  # labels with this value (padding, prompts) carry no loss
 
 
-def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-    """Next-token cross-entropy: position t predicts labels[t + 1] (labels are not pre-shifted); -100 is ignored.
+def _aligned(logits: torch.Tensor, labels: torch.Tensor, offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits, labels) with position t of one scored against position t of the other."""
+    if offset == 0:
+        return logits, labels
+    return logits[:, :-offset], labels[:, offset:]
+
+
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean", offset: int = 1) -> torch.Tensor:
+    """Cross-entropy of each position's logits against the label ``offset`` positions on (-100 is ignored).
     ``reduction="sum"`` lets the trainer normalise over a whole batch split into microbatches."""
-    vocab = logits.size(-1)
-    return F.cross_entropy(logits[:, :-1].reshape(-1, vocab).float(), labels[:, 1:].reshape(-1),
+    logits, labels = _aligned(logits, labels, offset)
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), labels.reshape(-1),
                            ignore_index=IGNORE_INDEX, reduction=reduction)
 
 
-def count_target_tokens(labels: torch.Tensor) -> torch.Tensor:
+def count_target_tokens(labels: torch.Tensor, offset: int = 1) -> torch.Tensor:
     """The number of positions that carry a loss (what ``causal_lm_loss(..., "sum")`` is summed over)."""
-    return (labels[:, 1:] != IGNORE_INDEX).sum()
+    return (labels[:, offset:] != IGNORE_INDEX).sum()
 
 
-def count_correct_tokens(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def count_correct_tokens(logits: torch.Tensor, labels: torch.Tensor, offset: int = 1) -> torch.Tensor:
     """How many target positions the model's argmax predicts right (llm-foundry's TokenAccuracy numerator)."""
-    targets = labels[:, 1:]
-    return ((logits[:, :-1].argmax(dim=-1) == targets) & (targets != IGNORE_INDEX)).sum()
+    logits, targets = _aligned(logits, labels, offset)
+    return ((logits.argmax(dim=-1) == targets) & (targets != IGNORE_INDEX)).sum()
+
+
+@dataclass(frozen=True)
+class TokenLoss:
+    """The loss of one model's batches: ``causal_lm_loss`` and ``count_target_tokens`` at that model's offset."""
+
+    offset: int = 1
+
+    def __call__(self, logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+        return causal_lm_loss(logits, labels, reduction, self.offset)
+
+    def targets(self, labels: torch.Tensor) -> torch.Tensor:
+        return count_target_tokens(labels, self.offset)

@@ -99,12 +99,14 @@ def _language_only(names: list[str]) -> list[str]:
 class LanguageMetrics:
     """Sums of one batch or one eval pass (loss, target tokens, argmax matches), reduced over ranks on compute.
 
-    ``update`` takes a microbatch's logits and unshifted labels (-100 = no target); pass its summed loss when it is
-    already computed, so the cross-entropy is not computed twice."""
+    ``update`` takes a microbatch's logits and labels (-100 = no target; ``offset`` as in llmfoundry.models.loss: 1
+    for a causal LM's unshifted labels, 0 for an encoder-decoder's); pass its summed loss when it is already
+    computed, so the cross-entropy is not computed twice."""
 
-    def __init__(self, names: list[str], device: torch.device | str):
+    def __init__(self, names: list[str], device: torch.device | str, offset: int = 1):
         self.names = list(names)
         self.device = torch.device(device)
+        self.offset = offset
         self.reset()
 
     def reset(self) -> None:
@@ -117,9 +119,9 @@ class LanguageMetrics:
     @torch.no_grad()
     def update(self, logits: torch.Tensor, labels: torch.Tensor, loss_sum: torch.Tensor | None = None) -> None:
         if loss_sum is None:
-            loss_sum = causal_lm_loss(logits, labels, reduction="sum")
-        counts = torch.stack([loss_sum.detach().double(), count_target_tokens(labels).double(),
-                              count_correct_tokens(logits, labels).double()])
+            loss_sum = causal_lm_loss(logits, labels, reduction="sum", offset=self.offset)
+        counts = torch.stack([loss_sum.detach().double(), count_target_tokens(labels, self.offset).double(),
+                              count_correct_tokens(logits, labels, self.offset).double()])
         self.sums += counts.to(self.device)
 
     def target_tokens(self) -> float:

@@ -5,6 +5,7 @@ Layout of a save_folder::
     save_folder/
       ep0-ba100/            one complete checkpoint
         .metadata, __*_*.distcp   DCP shards: model and optimizer (resharded on load)
+        checksums/rank{r}.json    size and checksum of each file rank r wrote (train.checkpoint_files)
         rank{r}.pt          small per-rank state: trainer time and scheduler, RNG states, data loader position
         config.yaml         the resolved training config (enough to rebuild the model)
         tokenizer/          the tokenizer, so a checkpoint is self-contained
@@ -40,9 +41,11 @@ from torch.distributed.checkpoint.state_dict import (
 
 from llmfoundry.core import dist
 from llmfoundry.core.errors import ConfigError, first_line
+from llmfoundry.train.checkpoint_files import record_checksums, verify_checkpoint
 from llmfoundry.train.dcp_reading import (
     SafeFileSystemReader,
     SafeLoadPlanner,
+    as_refusal,
     load_plain,
     unwrap,
 )
@@ -70,12 +73,15 @@ def list_checkpoints(folder: str | Path) -> list[Path]:
 
 
 def latest_checkpoint(folder: str | Path) -> Path | None:
-    """The checkpoint that ``folder/latest`` names, if it is there."""
+    """The checkpoint that ``folder/latest`` names; the newest complete one when that is gone (a person deleted a
+    damaged checkpoint) or ``latest`` is missing; None when there is none."""
     pointer = Path(folder) / LATEST
-    if not pointer.is_file():
-        return None
-    path = Path(folder) / pointer.read_text().strip()
-    return path if (path / ".metadata").exists() else None
+    if pointer.is_file():
+        path = Path(folder) / pointer.read_text().strip()
+        if (path / ".metadata").exists():
+            return path
+    found = list_checkpoints(folder)
+    return found[-1] if found else None
 
 
 def resolve_checkpoint(path: str | Path, key: str = "load_path") -> Path:
@@ -175,19 +181,30 @@ def save_checkpoint(
         trainer_state = {k: v for k, v in trainer_state.items() if not ignore.section(k)}
         loader_state = None if ignore.section("dataloader") else loader_state
     rng = None if ignore and ignore.section("rng") else _rng_state()
-    dcp.save(state, checkpoint_id=str(target))
-    torch.save({"trainer": trainer_state, "rng": rng, "dataloader": loader_state,
-                "world_size": dist.world_size(),
-                "weights_only": weights_only or optimizer is None or skip_optimizer},
-               target / f"rank{dist.rank()}.pt")
-    if full_weights:
+    full = None
+    if full_weights:  # a collective: gathered before the writes, which may fail on one rank only
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        if dist.rank() == 0:
+    try:  # every rank learns whether any rank failed, so none waits for the others at the barrier below
+        dcp.save(state, checkpoint_id=str(target))
+        torch.save({"trainer": trainer_state, "rng": rng, "dataloader": loader_state,
+                    "world_size": dist.world_size(),
+                    "weights_only": weights_only or optimizer is None or skip_optimizer},
+                   target / f"rank{dist.rank()}.pt")
+        if full is not None and dist.rank() == 0:
             torch.save(full, target / FULL_WEIGHTS)
-    if dist.rank() == 0:
-        (target / CONFIG_FILE).write_text(yaml.safe_dump(config, sort_keys=False))
-        if tokenizer is not None:
-            tokenizer.save_pretrained(str(target / "tokenizer"))
+        if dist.rank() == 0:
+            (target / CONFIG_FILE).write_text(yaml.safe_dump(config, sort_keys=False))
+            if tokenizer is not None:
+                tokenizer.save_pretrained(str(target / "tokenizer"))
+        record_checksums(target, dist.rank())  # after this rank's last file: loading checks them first
+        problem = None
+    except (OSError, RuntimeError, CheckpointException) as error:  # disk full, folder gone, a rank's write failed
+        problem = first_line(unwrap(error))
+    if problems := [p for p in dist.all_gather_object(problem) if p is not None]:
+        shutil.rmtree(target, ignore_errors=True)  # a partial checkpoint is never read; its space is needed
+        raise ConfigError(f"save_folder: could not write checkpoint '{name}' in '{folder}' ({problems[0]}); the "
+                          "checkpoints saved before it are intact: fix the cause (e.g. free disk space) and run again "
+                          "to resume from the newest")
     dist.barrier()
 
     if publish and dist.rank() == 0:
@@ -215,6 +232,7 @@ def load_checkpoint(
     (train.compat.IgnoreKeys, from load_ignore_keys): state left as it is.
     """
     path = resolve_checkpoint(path)
+    verify_checkpoint(path)
     options = StateDictOptions(strict=strict)
     rank0_file = path / "rank0.pt"
     rank0 = _read_small_state(rank0_file) if rank0_file.exists() else {}
@@ -232,8 +250,9 @@ def load_checkpoint(
         dcp.load(state, storage_reader=SafeFileSystemReader(str(path)),
                  planner=SafeLoadPlanner(allow_partial_load=not strict))
     except (RuntimeError, KeyError, CheckpointException, ConfigError) as error:
-        if isinstance(unwrap(error), ConfigError):  # refused by dcp_reading: something other than plain state
-            raise ConfigError(f"load_path: '{path}': {unwrap(error)}") from None
+        refused = as_refusal(error, f"load_path: '{path}'")  # something other than plain state: never run
+        if refused is not None:
+            raise refused from None
         failure = _load_failure(error)
         if "optimizer" in failure:
             hint = "set load_weights_only: true to load the model weights alone"
@@ -276,4 +295,8 @@ def read_checkpoint_config(path: str | Path) -> dict[str, Any]:
     config_file = path / CONFIG_FILE
     if not config_file.is_file():
         raise ConfigError(f"checkpoint '{path}' has no {CONFIG_FILE}; it was not written by llmfoundry")
-    return yaml.safe_load(config_file.read_text())
+    try:
+        return yaml.safe_load(config_file.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as error:  # e.g. a !!python tag: safe_load refuses to run it
+        raise ConfigError(f"checkpoint '{path}': {CONFIG_FILE} is not plain YAML, refused ({first_line(error)})"
+                          ) from None

@@ -33,6 +33,7 @@ class Checkpointer:
         self.upload_cfg = upload_cfg
         self.remote = objectstore.is_remote(save_folder)
         self.uploader: uploads.Uploader | None = None
+        self.unfinished = 0  # uploads still running when finish() stopped waiting
         if self.remote:
             self.staging = remote_staging(save_folder, upload_cfg)
             kwargs = {}
@@ -79,8 +80,18 @@ class Checkpointer:
         """Wait for pending uploads (every rank); False if some did not finish or failed."""
         if self.uploader is None:
             return True
-        done = self.uploader.close(timeout_s)
+        done = self.uploader.wait(timeout_s)
+        self.unfinished = self.uploader.pending()
+        self.uploader.close(0)
         return done and not self.uploader.failed
+
+    def upload_failure(self) -> str:
+        """One line on the uploads that did not complete (after finish() returned False)."""
+        lost = self.uploader.failed + ([f"{self.unfinished} still uploading"] if self.unfinished else [])
+        limit = f"checkpoint_upload.timeout_s: {self.upload_cfg.timeout_s:g} s" if self.upload_cfg else "the retry budget"
+        return (f"save_folder: checkpoint upload to {self.save_folder} did not complete ({', '.join(lost)}; "
+                f"{limit}); 'latest' still names the newest complete checkpoint: run the same command again to "
+                "resume from it once the store answers")
 
     def latest(self) -> str | None:
         """The newest complete checkpoint in save_folder as a local path (downloaded when remote), or None."""

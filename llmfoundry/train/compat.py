@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.core.notices import notice_once
 from llmfoundry.eval.sections import finish_eval_sections  # the evaluation keys, shared with the eval recipe
+from llmfoundry.train.encoder_decoder import encoder_decoder_problems
 
 # Composer's defaults: what llm-foundry passes when the recipe leaves them unset.
 DEFAULT_SAVE_FILENAMES = ("ep{epoch}-ba{batch}-rank{rank}.pt",)
@@ -42,6 +43,7 @@ def finish_recipe(cfg: Any, prefix: str) -> list[str]:
     if isinstance(cfg.device_train_microbatch_size, float):
         cfg.device_train_microbatch_size = int(cfg.device_train_microbatch_size)
     problems += finish_eval_sections(cfg, prefix)  # icl_tasks_str, eval_gauntlet_str, eval_loaders
+    problems += encoder_decoder_problems(cfg, prefix)  # hf_t5 with decoder_only_format: false loaders, and back
     if cfg.save_filename is not None and cfg.save_filename not in DEFAULT_SAVE_FILENAMES:
         problems.append(f"{prefix}save_filename: '{cfg.save_filename}' cannot be used: checkpoints here are folders "
                         "named ep{epoch}-ba{batch} (remove the key)")

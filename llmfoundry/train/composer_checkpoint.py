@@ -40,12 +40,12 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.torch_version import TorchVersion
 
-from llmfoundry.core.errors import ConfigError, first_line
+from llmfoundry.core.errors import ConfigError, first_line, refusal_reason
 from llmfoundry.train.dcp_reading import (
     SafeFileSystemReader,
     SafeLoadPlanner,
+    as_refusal,
     read_metadata_file,
-    refusal_reason,
     unwrap,
 )
 
@@ -153,8 +153,9 @@ def _read_sharded(folder: Path, key: str) -> dict[str, Any]:
                      no_dist=True)
     except BaseException as error:  # DCP wraps each rank's failure in a CheckpointException (a BaseException)
         cause = unwrap(error)
-        if isinstance(cause, ConfigError):
-            raise ConfigError(f"{key}: '{folder}': {cause}") from None
+        refused = as_refusal(error, f"{key}: '{folder}'")
+        if refused is not None:
+            raise refused from None
         if not isinstance(cause, Exception):
             raise
         raise ConfigError(f"{key}: '{folder}' could not be read as a sharded checkpoint "

@@ -12,7 +12,6 @@ from __future__ import annotations
 import io
 import pathlib
 import pickle
-import re
 from collections import OrderedDict
 from typing import Any
 
@@ -26,7 +25,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
-from llmfoundry.core.errors import ConfigError, first_line
+from llmfoundry.core.errors import ConfigError, first_line, refusal_reason
 
 # The types a DCP .metadata file is made of (torch 2.4 to 2.13 write the same ones).
 _METADATA_MODULES = {module.__name__: module for module in (torch.distributed.checkpoint.metadata,
@@ -79,14 +78,6 @@ class SafeFileSystemReader(FileSystemReader):
         return metadata
 
 
-def refusal_reason(error: BaseException) -> str:
-    """What torch's weights_only unpickler refused, in a few words (its message runs to a page)."""
-    found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(error))
-    if found:
-        return f"it needs '{found.group(1)}', which is not allowed"
-    return first_line(error)[:200]
-
-
 def load_plain(source: io.BytesIO | str | pathlib.Path, where: str) -> Any:
     """One non-tensor DCP value or a small state file: tensors and plain types only (``torch.load(weights_only=
     True)``, plus whatever ``torch.serialization.safe_globals`` allows around the call); ``where`` names it."""
@@ -95,6 +86,18 @@ def load_plain(source: io.BytesIO | str | pathlib.Path, where: str) -> Any:
     except pickle.UnpicklingError as error:
         raise ConfigError(f"{where} holds more than tensors and plain values, refused unread "
                           f"({refusal_reason(error)})") from None
+
+
+def as_refusal(error: BaseException, where: str) -> ConfigError | None:
+    """The one-line error for a DCP read that met something other than plain state (refused by this module or by
+    torch's ``weights_only`` reader of a stored tensor), or None for any other failure."""
+    cause = unwrap(error)
+    if isinstance(cause, ConfigError):
+        return ConfigError(f"{where}: {cause}")
+    if isinstance(cause, pickle.UnpicklingError):
+        return ConfigError(f"{where}: a stored tensor holds more than tensors and plain values, refused unread "
+                           f"({refusal_reason(cause)})")
+    return None
 
 
 def unwrap(error: BaseException) -> BaseException:

@@ -10,8 +10,9 @@ checkpoint is marked complete) and the process exits: ``REQUEUE_EXIT_CODE`` (run
 cancelled, do not requeue). Rank 0 also writes the code to ``$LLMFOUNDRY_EXIT_FILE``, because torchrun reports
 any failed worker as 1.
 
-Handlers are installed only on the main thread, when the training loop starts, and put back when it ends; in a
-forked data loader worker the handler restores the default action and re-raises, so workers die as they always did.
+Handlers are installed only on the main thread (Ray Train runs training in a thread: none there), when the training
+loop starts, and put back when it ends; in a forked data loader worker the handler restores the default action and
+re-raises, so workers die as they always did.
 """
 
 from __future__ import annotations
@@ -103,7 +104,12 @@ class Preemption:
     def install(self) -> None:
         """Install the handlers (main thread only: Python allows no other; elsewhere the flag file and the
         deadline still work)."""
-        if self._previous or threading.current_thread() is not threading.main_thread():
+        if self._previous:
+            return
+        if threading.current_thread() is not threading.main_thread():
+            # Ray Train runs the training function in a thread; Ray's own preemption notice (launch/ray.py) and
+            # the flag file stand in for the signals there.
+            log.info("preemption: no signal handlers off the main thread (the flag file and deadline still work)")
             return
         wanted = {int(signal.SIGTERM)} | ({self.requeue_signal} if self.requeue_signal else set())
         for number in wanted:
@@ -148,17 +154,23 @@ class Preemption:
         return CANCEL_EXIT_CODE if reason == "cancel" else REQUEUE_EXIT_CODE
 
 
+def save_now(trainer, saved: bool) -> None:
+    """The newest state safely stored: save (unless this batch was just saved) and wait for every upload, so the
+    checkpoint is complete. Also a launcher's just-in-time checkpoint on a preemption notice (Ray's)."""
+    if trainer.cfg.save_folder and not saved:
+        trainer.save()
+    elif not trainer.cfg.save_folder:
+        log.warning("preemption without a save_folder: batches since the start are lost")
+    uploaded = trainer.checkpointer.finish(trainer.cfg.checkpoint_upload.wait_at_end_s)
+    if not uploaded:
+        log.error("some checkpoint uploads to %s did not complete before the preemption", trainer.cfg.save_folder)
+
+
 def stop_for_preemption(trainer, reason: str, saved: bool) -> None:
     """Save (unless this batch was just saved), wait for every upload, close the loggers and exit the process."""
     preemption = trainer.preemption
     code = preemption.exit_code(reason)
-    if trainer.cfg.save_folder and not saved:
-        trainer.save()
-    elif not trainer.cfg.save_folder:
-        log.warning("stopping for preemption without a save_folder: batches since the start are lost")
-    uploaded = trainer.checkpointer.finish(trainer.cfg.checkpoint_upload.wait_at_end_s)
-    if not uploaded:
-        log.error("some checkpoint uploads to %s did not complete before the preemption exit", trainer.cfg.save_folder)
+    save_now(trainer, saved)
     trainer._print(f"preempted ({reason}) after batch {trainer.time.batch}: checkpoint saved, exiting with {code}")
     for logger in trainer.loggers:
         logger.close()

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from llmfoundry import registry
 from llmfoundry.config.checks import LogLevel, PositiveFloat, PositiveInt
+from llmfoundry.config.load import load_config
 from llmfoundry.config.fields import option
 from llmfoundry.config.validate import Check, Component, Registered, RegisteredMap, to_plain, validate
 from llmfoundry.core import objectstore
@@ -23,7 +24,8 @@ from llmfoundry.train.preemption import parse_wallclock, signal_number
 from llmfoundry.train.profiling import ProfilerConfig
 from llmfoundry.train.settings import CheckpointUploadConfig, CompileConfig, FSDPConfig
 
-__all__ = ["TrainConfig", "TokenizerConfig", "PrepareDataConfig", "validate", "to_plain", "Component"]
+__all__ = ["TrainConfig", "TokenizerConfig", "PrepareDataConfig", "validate", "to_plain", "Component",
+           "load_train_config", "validate_train_config", "cuda_environment"]
 
 # A time string, or a bare int meaning epochs (as llm-foundry recipes write them).
 Interval = Annotated[str | int, Check(check_time)]
@@ -132,7 +134,10 @@ class TrainConfig:
     )
     progress_bar: bool = option(True, "show a progress bar")
     log_to_console: bool = option(True, "print metrics to the console")
-    console_log_interval: Interval = option("1ba", "how often to print metrics")
+    console_log_interval: Interval = option(
+        "1ba", "how often to print metrics (tok / sp: when the tokens or samples trained cross a multiple of it, as "
+        "for eval_interval; Composer's console logger accepts only ba and ep)"
+    )
     python_log_level: LogLevel | None = option(None, "level of Python logging for llmfoundry (debug, info, ...)")
     # --- checkpoints ---
     save_folder: str | None = option(
@@ -237,3 +242,32 @@ class TrainConfig:
         if self.eval_gauntlet is not None and not self.icl_tasks and not problems:
             problems.append(f"{prefix}eval_gauntlet: needs icl_tasks (the gauntlet averages ICL task accuracies)")
         return problems
+
+
+def validate_train_config(plain: dict) -> TrainConfig:
+    """``plain`` (a resolved recipe) validated, its code_paths imported first: what they register must be known to
+    the validator. Launchers that ship a resolved recipe to other processes (Ray workers) start here."""
+    registry.import_code_paths(plain.get("code_paths"))
+    return validate(plain, TrainConfig)
+
+
+def load_train_config(recipe: str, overrides: list[str]) -> tuple[TrainConfig, dict]:
+    """The validated TrainConfig and the resolved plain config it came from."""
+    plain = load_config(recipe, overrides, TrainConfig)
+    return validate_train_config(plain), plain
+
+
+def cuda_environment(cfg: TrainConfig, environ: dict[str, str]) -> dict[str, str]:
+    """Environment variables for max_split_size_mb, expandable_segments and cuda_load_lazy; they take effect
+    because CUDA reads them at its first allocation/kernel load. A setting already in the environment wins."""
+    current = environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    entries = [e for e in current.split(",") if e]
+    given = {e.split(":", 1)[0].strip() for e in entries}
+    if cfg.max_split_size_mb is not None and "max_split_size_mb" not in given:
+        entries.append(f"max_split_size_mb:{cfg.max_split_size_mb}")
+    if cfg.expandable_segments and "expandable_segments" not in given:
+        entries.append("expandable_segments:True")
+    updates = {"PYTORCH_CUDA_ALLOC_CONF": ",".join(entries)} if entries else {}
+    if cfg.cuda_load_lazy and "CUDA_MODULE_LOADING" not in environ:
+        updates["CUDA_MODULE_LOADING"] = "LAZY"
+    return updates

@@ -23,11 +23,13 @@ from llmfoundry.core import dist, precision
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.core.notices import notice_once
 from llmfoundry.core.timeunits import Rates, Time, counted, counted_interval, estimated_last_batch, interval_due
+from llmfoundry.data.batches import count_batch_tokens
 from llmfoundry.data.prep.quickstart import prepare
 from llmfoundry.data.text import check_token_ids
 from llmfoundry.eval.loaders import evaluate_loader, model_inputs
 from llmfoundry.eval.sections import eval_sections
-from llmfoundry.models.loss import causal_lm_loss, count_target_tokens
+from llmfoundry.models.interface import label_offset
+from llmfoundry.models.loss import TokenLoss
 from llmfoundry.models.metrics import LanguageMetrics, eval_metric_names, train_metric_names
 from llmfoundry.train import checkpoint, checkpointer, compat, composer_checkpoint, parallel, preemption
 from llmfoundry.train.builders import (
@@ -116,6 +118,7 @@ class Trainer:
             device=self.device, world_size=world, seed=cfg.seed)
         # every token id of a batch must be below it (see _check_token_ids)
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
+        self.loss = TokenLoss(label_offset(self.model))  # offset 0: an encoder-decoder model's labels are not shifted
         self.optimizer = build_optimizer(cfg, self.model)
         self.scaler = precision.grad_scaler(cfg.precision, self.device)
         self.algorithms = build_named(registry.algorithms, cfg.algorithms)
@@ -134,7 +137,7 @@ class Trainer:
         self.eval_loaders = [(prefix, build_dataloader(section, self.tokenizer, cfg.device_eval_batch_size, key))
                              for prefix, key, section in eval_sections(cfg)]
         # metrics/train/<Name> of every batch (model.use_train_metrics) and the eval loaders' metric names
-        self.train_metrics = LanguageMetrics(train_metric_names(cfg.model.settings), self.device)
+        self.train_metrics = LanguageMetrics(train_metric_names(cfg.model.settings), self.device, self.loss.offset)
         self.eval_metric_names = eval_metric_names(cfg.model.settings)
         self.icl = TrainingICL.from_config(cfg, self.tokenizer)
         self.can_evaluate = bool(self.eval_loaders) or self.icl is not None
@@ -173,10 +176,10 @@ class Trainer:
             self.eval_every = rates.to_batches(cfg.eval_interval, "eval_interval")
             self.save_every = rates.to_batches(cfg.save_interval, "save_interval")
             self.log_every = max(1, rates.to_batches(cfg.console_log_interval, "console_log_interval"))
-            # tok / sp: compared with what was trained, as Composer does (core/timeunits.py); max_batches estimates
-            self.counted_end = counted(cfg.max_duration)
-            self.eval_counted = counted_interval(cfg.eval_interval, cfg.max_duration)
-            self.save_counted = counted_interval(cfg.save_interval, cfg.max_duration)
+            self.counted_end = counted(cfg.max_duration)  # tok / sp: compared with what was trained (core/timeunits)
+            intervals = (cfg.eval_interval, cfg.save_interval, cfg.console_log_interval)  # (max_batches: an estimate)
+            self.eval_counted, self.save_counted, self.log_counted = (counted_interval(i, cfg.max_duration)
+                                                                      for i in intervals)
         except ValueError as error:
             raise ConfigError(str(error)) from None
         # eval_interval 0 (0ba, 0ep, ...) turns evaluation off, also at the end of training, as in Composer
@@ -262,7 +265,7 @@ class Trainer:
                 if self.can_evaluate and self.periodic_eval and self._due(self.eval_every, self.eval_counted):
                     metrics.update(self.evaluate(log=False))
                     last_eval_batch = step
-                self._log(metrics, console=step % self.log_every == 0 or step == self.max_batches)
+                self._log(metrics, console=self._due(self.log_every, self.log_counted) or step == self.max_batches)
                 last_metrics.update(metrics)
                 if cfg.save_folder and self._due(self.save_every, self.save_counted):
                     self.save()
@@ -286,13 +289,14 @@ class Trainer:
             last_metrics.update(self.evaluate())
         if cfg.save_folder and last_save_batch != self.time.batch:
             self.save()
-        if not self.checkpointer.finish(cfg.checkpoint_upload.wait_at_end_s):
-            log.error("some checkpoint uploads to %s did not complete", cfg.save_folder)
+        uploaded = self.checkpointer.finish(cfg.checkpoint_upload.wait_at_end_s)
         for cb in self.callbacks:
             cb.on_fit_end(self)
         self._summary()
         for logger in self.loggers:
             logger.close()
+        if not uploaded:  # after the loggers closed: what was trained is logged; the newest upload is not usable
+            raise TrainingStopped(self.checkpointer.upload_failure())
         return last_metrics
 
     def train_step(self, device_batch: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -303,7 +307,7 @@ class Trainer:
             cb.on_batch_start(self)
         self.parallel_model.train()
         num_samples = device_batch["input_ids"].size(0)
-        targets = dist.all_reduce_sum(count_target_tokens(device_batch["labels"]).float())
+        targets = dist.all_reduce_sum(self.loss.targets(device_batch["labels"]).float())
         if not self.cfg.accumulate_train_batch_on_tokens:  # Composer's per-sample rule: normalise by samples
             targets = targets.new_tensor(float(num_samples * self.dist.world_size))
         while True:
@@ -360,10 +364,7 @@ class Trainer:
         self.time.batch += 1
         self.time.batch_in_epoch += 1
         self.time.sample += num_samples * self.dist.world_size
-        ids = device_batch["input_ids"]  # tokens as Composer counts them: the attention mask's, padding left out
-        mask = device_batch.get("attention_mask")
-        tokens = mask.sum() if mask is not None else ids.new_tensor(ids.numel())
-        self.time.token += int(dist.all_reduce_sum(tokens))
+        self.time.token += int(dist.all_reduce_sum(count_batch_tokens(device_batch)))  # as Composer counts them
         self._estimate_end()  # before the callbacks' on_batch_end, which may stop training here
         if not math.isfinite(loss):
             log.warning("non-finite training loss at batch %d", self.time.batch)
@@ -389,11 +390,11 @@ class Trainer:
                     parallel.activation_offload(cfg.fsdp_config, self.device):
                 with precision.autocast(cfg.precision, self.device):
                     logits = self.parallel_model(**self._model_inputs(micro)).logits
-                micro_loss = causal_lm_loss(logits, micro["labels"], reduction="sum")
+                micro_loss = self.loss(logits, micro["labels"], reduction="sum")
                 if self.train_metrics:
                     self.train_metrics.update(logits, micro["labels"], loss_sum=micro_loss)
                 if not cfg.accumulate_train_batch_on_tokens:  # the microbatch's mean loss, weighted by its samples
-                    micro_loss = micro_loss / count_target_tokens(micro["labels"]).clamp(min=1) * micro["input_ids"].size(0)
+                    micro_loss = micro_loss / self.loss.targets(micro["labels"]).clamp(min=1) * len(micro["labels"])
                 # Normalise by the tokens of the whole global batch; DDP/FSDP average over ranks, so undo that.
                 scaled = micro_loss * self.dist.world_size / targets.clamp(min=1)
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()

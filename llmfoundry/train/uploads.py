@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import re
 import shutil
 import threading
 import time
@@ -33,6 +32,7 @@ from typing import Any
 from llmfoundry.core import objectstore
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.train.checkpoint import CHECKPOINT_NAME, LATEST
+from llmfoundry.train.checkpoint_files import owned_files
 
 log = logging.getLogger(__name__)
 
@@ -90,21 +90,6 @@ def resolve_remote(url: str, key: str = "load_path") -> tuple[RemoteCheckpoints,
 
 
 # ----------------------------------------------------------------------------------------------- writing
-def owned_files(folder: Path, rank: int) -> list[Path]:
-    """The files of a staged checkpoint that ``rank`` wrote and uploads (rank 0: everything not per-rank)."""
-    owned = []
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        rel = path.relative_to(folder).as_posix()
-        shard = re.match(r"^__(\d+)_\d+\.distcp$", rel)
-        per_rank = re.match(r"^rank(\d+)\.pt$", rel)
-        if shard or per_rank:
-            if int((shard or per_rank).group(1)) == rank:
-                owned.append(path)
-        elif rank == 0:
-            owned.append(path)
-    return owned
-
-
 @dataclass
 class UploadJob:
     name: str

@@ -39,3 +39,11 @@ def slurm_cluster():
         pytest.skip(f"Slurm cannot be installed here: {result.stderr.strip()}")
     assert result.returncode == 0, f"setup_slurm.sh failed:\n{result.stdout}\n{result.stderr}"
     return True
+
+
+@pytest.fixture(scope="session")
+def ray_reference(tmp_path_factory, mds_root, tokenizer_dir):
+    """The torchrun run the Ray tests compare with (tests/launch/ray_helpers.py), shared by their modules."""
+    from tests.launch.ray_helpers import torchrun_reference
+
+    return torchrun_reference(mds_root, tokenizer_dir, tmp_path_factory.mktemp("ray-reference"))

@@ -93,6 +93,43 @@ def test_loss_spike_guard_can_skip_bad_batches(recipe, tmp_path):
         make_trainer(recipe(eval_loader=None, max_duration="5ba", callbacks={"loss_spike_guard": stop})).fit()
 
 
+class NaNBatch(Callback):
+    """Makes batch ``at``'s loss NaN through a forward hook on the embeddings; the weights stay as they are."""
+
+    def __init__(self, at: int):
+        self.at = at
+        self.hook = None
+
+    def on_batch_start(self, trainer):
+        if trainer.time.batch + 1 == self.at:
+            self.hook = trainer.model.get_input_embeddings().register_forward_hook(lambda m, i, out: out * torch.nan)
+        elif self.hook is not None:
+            self.hook.remove()
+            self.hook = None
+
+
+def test_loss_spike_guard_checkpoint_saves_without_the_bad_update_and_resuming_goes_on_as_skip(recipe, tmp_path):
+    def run(action, **extra):
+        r = recipe(eval_loader=None, max_duration="5ba", callbacks={"loss_spike_guard": {"action": action}}, **extra)
+        trainer = make_trainer(r)
+        trainer.callbacks.insert(0, NaNBatch(3))
+        return trainer
+
+    skipping = run("skip")
+    skipping.fit()
+    stopping = run("checkpoint", save_folder=str(tmp_path / "ckpt"), save_interval="10ba")
+    with pytest.raises(TrainingStopped, match=r"the training loss is nan at batch 3; saved .*ep0-ba3 without"):
+        stopping.fit()
+    assert sorted(p.name for p in (tmp_path / "ckpt").glob("ep*")) == ["ep0-ba3"]
+    resumed = run("checkpoint", save_folder=str(tmp_path / "ckpt"), save_interval="10ba", autoresume=True)
+    resumed.fit()
+    assert resumed.time.batch == 5
+    for name, value in skipping.model.state_dict().items():
+        assert torch.equal(value, resumed.model.state_dict()[name]), name
+    with pytest.raises(TrainingStopped, match="no save_folder, so nothing was saved"):
+        run("checkpoint").fit()
+
+
 def test_hf_checkpointer_exports_loadable_transformers_folders(recipe, tmp_path):
     from transformers import AutoModelForCausalLM
 

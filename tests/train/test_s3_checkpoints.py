@@ -61,15 +61,17 @@ def test_s3_save_folder_keeps_the_newest_and_autoresumes_exactly(recipe, s3_serv
 
 
 class Outage(Callback):
-    """Stops the S3 server right after the first checkpoint is handed to the uploader; restarts it later."""
+    """Stops the S3 server right after the ``at_save``-th checkpoint is handed to the uploader; restarts it later."""
 
-    def __init__(self, server, seconds: float):
-        self.server, self.seconds = server, seconds
+    def __init__(self, server, seconds: float, at_save: int = 1):
+        self.server, self.seconds, self.at_save = server, seconds, at_save
         self.stopped_at = self.restarted_at = None
         self.batch_times: dict[int, float] = {}
+        self.saves = 0
 
     def on_checkpoint_saved(self, trainer, path):
-        if self.stopped_at is None:
+        self.saves += 1
+        if self.stopped_at is None and self.saves == self.at_save:
             self.stopped_at = time.monotonic()
             threading.Thread(target=self.server.stop).start()  # stopping takes a moment; training goes on
             threading.Timer(self.seconds, self._restart).start()
@@ -110,6 +112,42 @@ def test_upload_survives_an_s3_outage_without_a_premature_latest(recipe, s3_serv
     for name in names:  # each complete checkpoint has every file
         got = {k.rsplit("/", 1)[1] for k in keys(f"runs/outage/{name}/") if "/tokenizer/" not in k}
         assert {".metadata", "__0_0.distcp", "rank0.pt", "config.yaml", ".complete"} <= got, name
+
+
+def test_an_outage_longer_than_the_upload_budget_is_a_one_line_error_and_the_run_resumes(recipe, s3_server, moto_s3,
+                                                                                          tmp_path):
+    from llmfoundry.train.errors import TrainingStopped
+
+    url = f"s3://{BUCKET}/runs/long-outage"
+
+    def run(**extra):
+        return make_trainer(recipe(eval_loader=None, scheduler=None, max_duration="6ba", save_folder=url,
+                                   save_interval="2ba", checkpoint_upload={
+                                       "staging_folder": str(tmp_path / "staging"), "max_backoff_s": 0.5,
+                                       "timeout_s": 2}, **extra))
+
+    trainer = run()
+    outage = Outage(moto_s3, 8.0, at_save=2)  # ep0-ba2 is up; ep0-ba4 and ep0-ba6 meet a dead store
+    trainer.callbacks.append(outage)
+    with pytest.raises(TrainingStopped) as caught:
+        trainer.fit()
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith(f"save_folder: checkpoint upload to {url} did not complete (ep0-ba4, ep0-ba6; "
+                              "checkpoint_upload.timeout_s: 2 s)")
+    while outage.restarted_at is None:
+        time.sleep(0.2)
+    folder = uploads.RemoteCheckpoints(url)
+    assert folder.complete_checkpoints() == ["ep0-ba2"]
+    assert folder.read_text("latest").strip() == "ep0-ba2"
+    resumed = run(autoresume=True)
+    assert resumed.time.batch == 2
+    resumed.fit()
+    straight = make_trainer(recipe(eval_loader=None, scheduler=None, max_duration="6ba"))
+    straight.fit()
+    expected, got = weights(straight), weights(resumed)
+    for key in expected:
+        assert torch.equal(expected[key], got[key]), key
 
 
 def test_an_incomplete_s3_checkpoint_is_never_latest(recipe, s3_server, tmp_path):

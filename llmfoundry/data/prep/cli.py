@@ -4,6 +4,9 @@
     llmfoundry data json --path data.jsonl --out_root mds/ --concat_tokens 2048 --tokenizer gpt2
     llmfoundry data hf --dataset allenai/c4 --data_subset en --out_root mds/ --concat_tokens 2048 --tokenizer gpt2
     llmfoundry data finetuning --dataset chat.jsonl --out_root ft/ --tokenizer gpt2 --max_seq_len 2048
+
+Each takes ``--ray [--ray-address ADDR] [--ray-workers N]`` to tokenize and write on a Ray cluster with Ray Data
+(the same samples, in the same order; see llmfoundry.data.prep.ray_data).
 """
 
 from __future__ import annotations

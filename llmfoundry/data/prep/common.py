@@ -30,6 +30,15 @@ from llmfoundry.data.streaming_guard import import_streaming
 streaming = import_streaming()  # through the guard: streaming must import without a working torchvision
 
 TOKENS_COLUMN = "tokens"
+# Checksums written into index.json for each shard: a training recipe's validate_hash (streaming's key) checks the
+# shards against them (data/shard_check.py for local folders); both are cheap next to tokenizing.
+SHARD_HASHES = ["sha1", "xxh64"]
+
+
+def mds_writer(columns: dict[str, str], out, compression: str | None, **kwargs):
+    """streaming's MDSWriter as every converter uses it: shard checksums, an existing output folder reused."""
+    return streaming.MDSWriter(columns=columns, out=out, compression=compression or None, exist_ok=True,
+                               hashes=SHARD_HASHES, **kwargs)
 
 
 # ----------------------------------------------------------------------------------------------- tokens
@@ -132,9 +141,7 @@ class ConcatWriter:
         self.dtype = tokens_dtype(vocab_size)
         self.vocab_size = vocab_size
         columns = {TOKENS_COLUMN: f"ndarray:{self.dtype.name}:{spec.concat_tokens}"}
-        self.writer = streaming.MDSWriter(
-            columns=columns, out=out, compression=compression or None, exist_ok=True, **writer_kwargs
-        )
+        self.writer = mds_writer(columns, out, compression, **writer_kwargs)
         self.carry = np.empty(0, dtype=np.int64)
         self.samples = 0
         self.tokens_in = 0
@@ -224,7 +231,7 @@ def write_texts(
     show_progress: bool | None = None,
 ) -> dict[str, int]:
     """Write ``docs`` untokenized, one per sample, as MDS with a ``text`` column (local or s3://)."""
-    writer = streaming.MDSWriter(columns={"text": "str"}, out=out, compression=compression or None, exist_ok=True)
+    writer = mds_writer({"text": "str"}, out, compression)
     bar = Progress(desc, total=total, disable=None if show_progress is None else not show_progress)
     documents = 0
     try:
@@ -282,6 +289,22 @@ def tokenizer_kwargs_from_args(args) -> dict[str, Any]:
 
 def default_processes() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+
+
+def merge_group_indexes(output: str, parts: list[str]) -> int:
+    """Write ``output/index.json`` listing the shards of every part folder; returns the number of samples."""
+    shards = []
+    for part in parts:
+        raw = objectstore.read_bytes(objectstore.join(output, part, "index.json"))
+        if raw is None:
+            raise ConfigError(f"{output}/{part}: index.json is missing; rerun with --reprocess")
+        for shard in json.loads(raw)["shards"]:
+            for key in ("raw_data", "zip_data"):
+                if shard.get(key):
+                    shard[key]["basename"] = f"{part}/{shard[key]['basename']}"
+            shards.append(shard)
+    objectstore.write_bytes(objectstore.join(output, "index.json"), json.dumps({"version": 2, "shards": shards}).encode())
+    return sum(s["samples"] for s in shards)
 
 
 def check_output_empty(out: str) -> None:

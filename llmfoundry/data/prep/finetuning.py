@@ -14,13 +14,11 @@ import numpy as np
 
 from llmfoundry.core import objectstore
 from llmfoundry.core.errors import ConfigError
-from llmfoundry.data.finetuning import FinetuningDataset, FinetuningDatasetSettings
-from llmfoundry.data.prep import common
-from llmfoundry.data.streaming_guard import import_streaming
+from llmfoundry.data.finetuning import FinetuningDataset, FinetuningDatasetSettings, load_raw_examples
+from llmfoundry.data.prep import common, ray_data
 from llmfoundry.data.tokenizers import build_tokenizer
 
 log = logging.getLogger(__name__)
-streaming = import_streaming()  # through the guard: streaming must import without a working torchvision
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,9 +49,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="also keep the shards in this local folder when --out_root is remote (s3://)")
     parser.add_argument("--num_workers", "--processes", dest="num_workers", type=int, default=None,
                         help="processes that tokenize examples (default: all cores); the output is the same for any")
+    ray_data.add_arguments(parser)
     common.add_logging_argument(parser)
     args = parser.parse_args(argv)
     common.set_logging_level(args.logging_level)
+    ray_data.check_flags(args, {"--num_workers": args.num_workers, "--local": args.local})
     if args.encoder_decoder:
         args.decoder_only_format = False
     if not args.decoder_only_format and (args.target_prompts != "none" or args.target_responses != "last"):
@@ -72,33 +72,47 @@ def main(argv: list[str] | None = None) -> int:
     compression = None if str(args.compression).lower() in ("none", "") else args.compression
     dtype = common.tokens_dtype(common.vocab_size_of(tokenizer) + 1)  # labels hold -100: stored signed below
     signed = "int32" if dtype.itemsize <= 4 else "int64"
-    for split in args.splits:
-        hf_kwargs = {}
-        name = args.dataset
-        if args.data_files:
-            name, hf_kwargs = "json", {"data_files": args.data_files}
-        if args.data_subset:
-            hf_kwargs["name"] = args.data_subset
-        settings = FinetuningDatasetSettings(
-            hf_name=name, hf_kwargs=hf_kwargs, split=split, preprocessing_fn=args.preprocessor,
-            max_seq_len=args.max_seq_len, target_prompts=args.target_prompts, target_responses=args.target_responses,
-            decoder_only_format=args.decoder_only_format,
-        )
-        log.info("tokenizing split '%s' of %s in %d process(es)", split, name, workers)
-        dataset = FinetuningDataset(tokenizer, settings, f"--dataset ({split})", num_workers=workers,
-                                    preprocess_records=not args.skip_preprocessing)
-        out = objectstore.join(args.out_root, split)
-        common.check_output_empty(out)
-        columns = {"input_ids": f"ndarray:{signed}", "labels": f"ndarray:{signed}"}
-        bar = common.Progress(split, total=len(dataset), unit="example")
-        writer_out = (os.path.join(args.local, split), out) if args.local is not None else out
-        with streaming.MDSWriter(columns=columns, out=writer_out, compression=compression, exist_ok=True,
-                                 keep_local=args.local is not None) as writer:
-            for example in dataset.examples:
-                writer.write({k: np.asarray(example[k], dtype=signed) for k in columns})
-                bar.update(1)
-        bar.close()
-        if not dataset.examples:
-            raise ConfigError(f"--dataset: split '{split}' produced no examples")
-        print(f"wrote {len(dataset)} examples ({dataset.num_dropped} dropped by truncation) to {out}")
+    with ray_data.session(args) as ray_workers:
+        for split in args.splits:
+            _convert_split(args, split, tokenizer, workers, ray_workers, compression, signed)
     return 0
+
+
+def _convert_split(args, split: str, tokenizer, workers: int, ray_workers: int | None, compression, signed: str) -> None:
+    hf_kwargs = {}
+    name = args.dataset
+    if args.data_files:
+        name, hf_kwargs = "json", {"data_files": args.data_files}
+    if args.data_subset:
+        hf_kwargs["name"] = args.data_subset
+    settings = FinetuningDatasetSettings(
+        hf_name=name, hf_kwargs=hf_kwargs, split=split, preprocessing_fn=args.preprocessor,
+        max_seq_len=args.max_seq_len, target_prompts=args.target_prompts, target_responses=args.target_responses,
+        decoder_only_format=args.decoder_only_format,
+    )
+    out = objectstore.join(args.out_root, split)
+    columns = {"input_ids": f"ndarray:{signed}", "labels": f"ndarray:{signed}"}
+    if ray_workers is not None:  # --ray: the same examples, in the same order, tokenized and written by Ray Data
+        common.check_output_empty(out)
+        key = f"--dataset ({split})"
+        written, dropped = ray_data.write_finetuning(
+            load_raw_examples(settings, key), tokenizer, settings, key, out, workers=ray_workers, columns=columns,
+            signed=signed, compression=compression, preprocess_records=not args.skip_preprocessing)
+        if not written:
+            raise ConfigError(f"--dataset: split '{split}' produced no examples")
+        print(f"wrote {written} examples ({dropped} dropped by truncation) to {out}")
+        return
+    log.info("tokenizing split '%s' of %s in %d process(es)", split, name, workers)
+    dataset = FinetuningDataset(tokenizer, settings, f"--dataset ({split})", num_workers=workers,
+                                preprocess_records=not args.skip_preprocessing)
+    common.check_output_empty(out)
+    bar = common.Progress(split, total=len(dataset), unit="example")
+    writer_out = (os.path.join(args.local, split), out) if args.local is not None else out
+    with common.mds_writer(columns, writer_out, compression, keep_local=args.local is not None) as writer:
+        for example in dataset.examples:
+            writer.write({k: np.asarray(example[k], dtype=signed) for k in columns})
+            bar.update(1)
+    bar.close()
+    if not dataset.examples:
+        raise ConfigError(f"--dataset: split '{split}' produced no examples")
+    print(f"wrote {len(dataset)} examples ({dataset.num_dropped} dropped by truncation) to {out}")

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 from llmfoundry.core import objectstore
 from llmfoundry.core.errors import ConfigError
-from llmfoundry.data.prep import common
+from llmfoundry.data.prep import common, ray_data
 from llmfoundry.data.prep.common import ConcatSpec
 from llmfoundry.data.sources import iter_records, load_hf_split
 from llmfoundry.data.tokenizers import build_tokenizer
@@ -73,11 +73,15 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trust-remote-code", "--trust_remote_code", dest="trust_remote_code", action="store_true",
                         help="let a Hugging Face tokenizer run its own code (passed to AutoTokenizer)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    ray_data.add_arguments(parser)
     common.add_logging_argument(parser)
 
 
 def _prepare(args):
     common.set_logging_level(args.logging_level)
+    ray_data.check_flags(args, {"--num_workers": args.num_workers})
+    if args.ray and args.concat_tokens is None:
+        raise ConfigError("--ray: tokenizes on a Ray cluster; add --concat_tokens N (raw text needs no tokenizing)")
     compression = None if str(args.compression).lower() in ("none", "") else args.compression
     if args.concat_tokens is None:  # llm-foundry's no-concat mode: raw text, tokenized by the loader
         needs = [flag for flag, value in (("--tokenizer", args.tokenizer), ("--tokenizer_kwargs", args.tokenizer_kwargs),
@@ -98,7 +102,7 @@ def _prepare(args):
 
 
 def _write(texts, tokenizer, out: str, spec: ConcatSpec | None, compression, processes: int, desc: str, args,
-           total: int | None = None) -> None:
+           total: int | None = None, ray_workers: int | None = None) -> None:
     show = False if args.quiet else None
     if spec is None:
         stats = common.write_texts(texts, out, compression=compression, desc=desc, total=total, show_progress=show)
@@ -106,8 +110,12 @@ def _write(texts, tokenizer, out: str, spec: ConcatSpec | None, compression, pro
             raise ConfigError(f"--out_root: no document written to {out}")
         print(f"wrote {stats['documents']} documents as raw text to {out}")
         return
-    stats = common.write_concatenated(texts, tokenizer, out, spec, compression=compression, processes=processes,
-                                      desc=desc, total=total, show_progress=show)
+    if ray_workers is not None:  # --ray: the same samples, tokenized and written by Ray Data workers
+        stats = ray_data.write_concatenated([list(texts)], tokenizer, out, spec, workers=ray_workers,
+                                            compression=compression)
+    else:
+        stats = common.write_concatenated(texts, tokenizer, out, spec, compression=compression, processes=processes,
+                                          desc=desc, total=total, show_progress=show)
     _report(stats, out, spec.concat_tokens)
 
 
@@ -128,8 +136,9 @@ def main_json(argv: list[str] | None = None) -> int:
     tokenizer, spec, compression, processes = _prepare(args)
     out = objectstore.join(args.out_root, args.split) if args.split else args.out_root
     common.check_output_empty(out)
-    _write(iter_json_texts(args.path, args.text_field), tokenizer, out, spec, compression, processes, f"{args.split}",
-           args)
+    with ray_data.session(args) as ray_workers:
+        _write(iter_json_texts(args.path, args.text_field), tokenizer, out, spec, compression, processes,
+               f"{args.split}", args, ray_workers=ray_workers)
     return 0
 
 
@@ -143,23 +152,29 @@ def main_hf(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     tokenizer, spec, compression, processes = _prepare(args)
     kwargs = {"data_files": args.data_files} if args.data_files else None
-    for split in args.splits:
-        data = load_hf_split(args.dataset, args.data_subset, split, kwargs)
-        if len(data) == 0:
-            raise ConfigError(f"--splits: split '{split}' of '{args.dataset}' is empty")
-        if args.text_field not in data.column_names:
-            raise ConfigError(f"--text_field: split '{split}' has no column '{args.text_field}' "
-                              f"(columns: {', '.join(data.column_names)})")
-        column = data.select_columns([args.text_field])
-
-        def texts(column=column, split=split):
-            for i, record in enumerate(column):
-                value = record[args.text_field]
-                if not isinstance(value, str):
-                    raise ConfigError(f"{args.dataset}[{split}][{i}]: field '{args.text_field}' must be a string")
-                yield value
-
-        out = objectstore.join(args.out_root, split)
-        common.check_output_empty(out)
-        _write(texts(), tokenizer, out, spec, compression, processes, split, args, total=len(data))
+    with ray_data.session(args) as ray_workers:
+        for split in args.splits:
+            _convert_hf_split(args, split, kwargs, tokenizer, spec, compression, processes, ray_workers)
     return 0
+
+
+def _convert_hf_split(args, split: str, kwargs, tokenizer, spec, compression, processes: int, ray_workers) -> None:
+    data = load_hf_split(args.dataset, args.data_subset, split, kwargs)
+    if len(data) == 0:
+        raise ConfigError(f"--splits: split '{split}' of '{args.dataset}' is empty")
+    if args.text_field not in data.column_names:
+        raise ConfigError(f"--text_field: split '{split}' has no column '{args.text_field}' "
+                          f"(columns: {', '.join(data.column_names)})")
+    column = data.select_columns([args.text_field])
+
+    def texts(column=column, split=split):
+        for i, record in enumerate(column):
+            value = record[args.text_field]
+            if not isinstance(value, str):
+                raise ConfigError(f"{args.dataset}[{split}][{i}]: field '{args.text_field}' must be a string")
+            yield value
+
+    out = objectstore.join(args.out_root, split)
+    common.check_output_empty(out)
+    _write(texts(), tokenizer, out, spec, compression, processes, split, args, total=len(data),
+           ray_workers=ray_workers)

@@ -20,7 +20,7 @@ from dataclasses import asdict
 
 from llmfoundry.core import objectstore
 from llmfoundry.core.errors import ConfigError
-from llmfoundry.data.prep import common
+from llmfoundry.data.prep import common, ray_data
 from llmfoundry.data.prep.common import ConcatSpec
 from llmfoundry.data.sources import mp_context
 from llmfoundry.data.tokenizers import build_tokenizer
@@ -49,6 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trust-remote-code", "--trust_remote_code", dest="trust_remote_code", action="store_true",
                         help="let a Hugging Face tokenizer run its own code (passed to AutoTokenizer)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    ray_data.add_arguments(parser)
     common.add_logging_argument(parser)
 
 
@@ -85,22 +86,6 @@ def _settings_key(args, spec: ConcatSpec, tokenizer_kwargs: dict) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def merge_group_indexes(output: str, parts: list[str]) -> int:
-    """Write ``output/index.json`` listing the shards of every part folder; returns the number of samples."""
-    shards = []
-    for part in parts:
-        raw = objectstore.read_bytes(objectstore.join(output, part, "index.json"))
-        if raw is None:
-            raise ConfigError(f"{output}/{part}: index.json is missing; rerun with --reprocess")
-        for shard in json.loads(raw)["shards"]:
-            for key in ("raw_data", "zip_data"):
-                if shard.get(key):
-                    shard[key]["basename"] = f"{part}/{shard[key]['basename']}"
-            shards.append(shard)
-    objectstore.write_bytes(objectstore.join(output, "index.json"), json.dumps({"version": 2, "shards": shards}).encode())
-    return sum(s["samples"] for s in shards)
-
-
 def _eos_text(args, tokenizer) -> str:
     """What ends each document: --eos_text, else the tokenizer's EOS token (said once, as llm-foundry's converter
     appends nothing unless --use_tokenizer_eos is given)."""
@@ -115,7 +100,29 @@ def _eos_text(args, tokenizer) -> str:
     return tokenizer.eos_token
 
 
+def _plan_groups(files: list[str], files_per_group: int | None, processes: int) -> list[list[str]]:
+    """Consecutive files, concatenated together (tokens left at the end of a group are dropped)."""
+    per_group = files_per_group or max(1, -(-len(files) // (processes * 4)))
+    return [files[i : i + per_group] for i in range(0, len(files), per_group)]
+
+
+def _convert_with_ray(args, tokenizer, spec: ConcatSpec, compression, output: str, workers: int) -> dict:
+    """--ray: the same groups as on one machine (with --ray-workers for --processes), each a stream of Ray blocks."""
+    if args.reprocess:
+        objectstore.remove_tree(output)
+    if any(objectstore.read_bytes(objectstore.join(output, name)) is not None for name in (PROGRESS_FILE, "index.json")):
+        raise ConfigError(f"--output_folder: '{output}' already holds a conversion (--ray does not resume one); pass "
+                          "--reprocess to redo it or choose another folder")
+    files = objectstore.list_files(args.input_folder, (".txt",))
+    if not files:
+        raise ConfigError(f"--input_folder: no .txt files in '{args.input_folder}'")
+    groups = _plan_groups(files, args.files_per_group, workers)
+    return ray_data.write_concatenated(groups, tokenizer, output, spec, workers=workers, compression=compression,
+                                       load=_read_text)
+
+
 def convert(args) -> dict:
+    ray_data.check_flags(args, {"--processes": args.processes})
     compression = None if str(args.compression).lower() in ("none", "") else args.compression
     tokenizer_kwargs = common.tokenizer_kwargs_from_args(args)  # with trust_remote_code: the workers get it too
     tokenizer = build_tokenizer(args.tokenizer, tokenizer_kwargs, cli=True)
@@ -128,6 +135,11 @@ def convert(args) -> dict:
     output = args.output_folder.rstrip("/")
     key = _settings_key(args, spec, {k: v for k, v in tokenizer_kwargs.items() if k != "trust_remote_code"})
     progress_path = objectstore.join(output, PROGRESS_FILE)
+    if args.ray:
+        with ray_data.session(args) as workers:
+            totals = _convert_with_ray(args, tokenizer, spec, compression, output, workers)
+        _check_written(totals, spec)
+        return totals
 
     if args.reprocess:
         objectstore.remove_tree(output)
@@ -144,10 +156,9 @@ def convert(args) -> dict:
         files = objectstore.list_files(args.input_folder, (".txt",))
         if not files:
             raise ConfigError(f"--input_folder: no .txt files in '{args.input_folder}'")
-        per_group = args.files_per_group or max(1, -(-len(files) // (processes * 4)))
-        groups = [files[i : i + per_group] for i in range(0, len(files), per_group)]
+        groups = _plan_groups(files, args.files_per_group, processes)
         log.info("found %d .txt files in %s: %d groups of up to %d files", len(files), args.input_folder, len(groups),
-                 per_group)
+                 len(groups[0]))
         progress = {"settings": key, "groups": groups, "done": {}}
         objectstore.write_bytes(progress_path, json.dumps(progress).encode())
 
@@ -188,17 +199,21 @@ def convert(args) -> dict:
                     record(result)
     finally:
         bar.close()
-    samples = merge_group_indexes(output, parts)
+    samples = common.merge_group_indexes(output, parts)
     totals = {k: sum(d[k] for d in progress["done"].values()) for k in ("documents", "tokens", "samples")}
     totals["seconds"] = time.perf_counter() - start
     if samples != totals["samples"]:
         raise ConfigError(f"--output_folder: index lists {samples} samples, expected {totals['samples']}; rerun with --reprocess")
-    if samples == 0:
+    _check_written(totals, spec)
+    return totals
+
+
+def _check_written(totals: dict, spec: ConcatSpec) -> None:
+    if totals["samples"] == 0:
         raise ConfigError(
             f"--concat_tokens: no sample was written ({totals['tokens']} tokens in all < {spec.concat_tokens} per sample); "
             "lower --concat_tokens or add text"
         )
-    return totals
 
 
 def main(argv: list[str] | None = None) -> int:

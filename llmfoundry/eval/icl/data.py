@@ -14,8 +14,14 @@ from llmfoundry.core.errors import ConfigError, first_line
 
 def _read_jsonl(path: Path, key: str) -> list[dict[str, Any]]:
     records = []
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
+    with path.open("rb") as f:
+        for line_no, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                bad = raw[error.start:error.start + 1]
+                raise ConfigError(f"{key}: {path}:{line_no}: not UTF-8 text (byte {bad!r}); save the file as UTF-8"
+                                  ) from None
             if not line.strip():
                 continue
             try:

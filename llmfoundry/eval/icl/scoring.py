@@ -7,8 +7,8 @@ Speed comes from four things:
 * the longest token prefix that a question's sequences share (the few-shot preamble and the question) is run
   once. Transformers-native models get one *packed* row per question (prefix, then each choice's tokens, with a
   4D mask so that a choice sees only the prefix and itself, and positions restarting after the prefix); other
-  models whose forward takes ``past_key_values`` and ``position_ids`` (our MPT) get the prefix's key/value cache
-  copied to every choice; the rest run each sequence whole;
+  models whose forward takes a KV cache (``cache`` or ``past_key_values``) and ``position_ids`` get the prefix's
+  key/value cache copied to every choice; the rest run each sequence whole;
 * the output projection runs only on the last positions that hold scored predictions (``logits_to_keep``).
 
 Under torch.distributed every rank must make the same number of forward calls (FSDP gathers weights inside each
@@ -36,8 +36,15 @@ def _forward_params(model: torch.nn.Module) -> set[str]:
         return set()
 
 
+def cache_argument(model: torch.nn.Module) -> str | None:
+    """The name under which ``model.forward`` takes a KV cache: ``cache`` (transformers >= 5.24),
+    ``past_key_values`` (before, and our MPT), or None."""
+    params = _forward_params(model)
+    return next((name for name in ("cache", "past_key_values") if name in params), None)
+
+
 def supports_kv_cache(model: torch.nn.Module) -> bool:
-    return {"past_key_values", "position_ids"} <= _forward_params(model)
+    return cache_argument(model) is not None and "position_ids" in _forward_params(model)
 
 
 def supports_packed(model: torch.nn.Module) -> bool:
@@ -184,7 +191,7 @@ def score_shared_prefix(
         **kwargs,
     )
     last = _logits(out)[:, -1]  # (G, V): predicts each group's first token after its prefix
-    cache = out.past_key_values
+    cache = out["cache"] if "cache" in out else out.past_key_values
 
     owner = [g for g, group in enumerate(groups) for _ in group]
     flat = [s for group in groups for s in group]
@@ -197,8 +204,8 @@ def score_shared_prefix(
         input_ids=suf_ids,
         attention_mask=torch.cat([mask.to(device).index_select(0, index), suf_mask], dim=1),
         position_ids=suf_pos.to(device),
-        past_key_values=cache,
         use_cache=True,
+        **{cache_argument(model): cache},
     )
     logits = _logits(out)
     results: list[list[SequenceScore]] = [[] for _ in groups]

@@ -77,6 +77,16 @@ def fewshot_indices(num_records: int, num_fewshot: int, example_idx: int, rng: r
     return picked
 
 
+def _choices_problem(record: dict, key: str) -> str | None:
+    """Why ``record[key]`` (the choices) and ``record["gold"]`` (an index into them) cannot be scored, or None."""
+    choices, gold = record[key], record["gold"]
+    if not isinstance(choices, list) or not choices:
+        return f"{key} must be a non-empty list, got {choices!r:.60}"
+    if not isinstance(gold, int) or isinstance(gold, bool) or not 0 <= gold < len(choices):
+        return f"gold must be an index into {key} (0 to {len(choices) - 1}), got {gold!r:.60}"
+    return None
+
+
 def trim_left(context: list[int], continuation: list[int], max_len: int, label: str) -> list[int]:
     if len(context) + len(continuation) <= max_len:
         return context
@@ -165,6 +175,14 @@ class ICLTask:
                     f"icl_tasks: {self.cfg.label}: record {i} of {self.cfg.dataset_uri} lacks "
                     f"{', '.join(missing)} (a {self.cfg.icl_task_type} record has {', '.join(self.required_keys)})"
                 )
+            problem = self.record_problem(record)
+            if problem:
+                raise ConfigError(f"icl_tasks: {self.cfg.label}: record {i} of {self.cfg.dataset_uri}: {problem}")
+
+    def record_problem(self, record: dict) -> str | None:
+        """What makes a record that has every required key unusable (a task type with lists and indices checks
+        them here), or None."""
+        return None
 
     def prepare(self, records: list[dict], num_fewshot: int) -> list[Example]:
         """All examples of the task, in file order (the few-shot RNG must see every record in order)."""
@@ -204,6 +222,9 @@ class MultipleChoiceTask(ICLTask):
     def answer(self, record: dict[str, Any], in_context: bool) -> str:
         return str(record["choices"][record["gold"]])
 
+    def record_problem(self, record: dict) -> str | None:
+        return _choices_problem(record, "choices")
+
     def build(self, record: dict, preamble: str) -> Example:
         context = self.context(record, preamble, add_answer=False)
         ctx_tokens = self.encode_preamble(preamble) + self.encode_context(context)
@@ -228,6 +249,9 @@ class SchemaTask(ICLTask):
 
     scoring = "choices"
     required_keys = ("context_options", "continuation", "gold")
+
+    def record_problem(self, record: dict) -> str | None:
+        return _choices_problem(record, "context_options")
 
     def context(self, record: dict[str, Any], preceding: str, add_answer: bool) -> str:
         # A solved shot: the gold context and the continuation (llm-foundry puts the prelimiter first).
@@ -275,7 +299,13 @@ class GenerationTask(ICLTask):
             return f"{record.get('chain_of_thought', '')}{self.cfg.cot_delimiter}{record['answer']}"
         return str(record["answer"])
 
+    def record_problem(self, record: dict) -> str | None:
+        if not isinstance(record.get("aliases", []), list):
+            return f"aliases must be a list of answers, got {type(record['aliases']).__name__}"
+        return None
+
     def prepare(self, records: list[dict], num_fewshot: int) -> list[Example]:
+        self.check(records)
         self.has_cot = "chain_of_thought" in records[0]
         longest = 0
         for record in records:

@@ -182,8 +182,11 @@ class MPTForCausalLM(MPTPreTrainedModel, GenerationMixin):
         use_cache: bool | None = None,
         position_ids: torch.Tensor | None = None,
         logits_to_keep: int = 0,
+        cache: DynamicCache | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast:
+        # transformers >= 5.24 passes the KV cache as ``cache`` (``past_key_values`` before; both are accepted)
+        past_key_values = cache if cache is not None else past_key_values
         use_cache = self.arch.use_cache if use_cache is None else use_cache
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache()

@@ -1,9 +1,11 @@
-"""loss_spike_guard: stop (or skip the optimizer step) when the training loss is NaN/inf or spikes.
+"""loss_spike_guard: stop, skip the optimizer step, or checkpoint and stop when the training loss is NaN/inf or spikes.
 
 A spike is a loss above ``spike_factor`` x the mean of the last ``window`` accepted losses (after ``min_history``
 batches). The loss is the global one (all ranks agree), so every rank takes the same decision. With
 ``action: skip`` the batch's gradients are dropped; after ``max_consecutive_skips`` skipped batches in a row the
-run stops anyway, since the model is not recovering.
+run stops anyway, since the model is not recovering. ``action: checkpoint`` drops the batch's update too, then
+saves a checkpoint and stops with an error: a person looks at it, and resuming continues after the bad batch, exactly
+as ``skip`` would have gone on.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from llmfoundry.train.errors import TrainingStopped
 
 @dataclass
 class LossSpikeGuardSettings:
-    action: Literal["stop", "skip"] = option("stop", "stop = end training with an error; skip = drop the batch's update")
+    action: Literal["stop", "skip", "checkpoint"] = option(
+        "stop", "stop = end training with an error; skip = drop the batch's update; checkpoint = drop the batch's "
+        "update, save a checkpoint and stop with an error (resuming goes on after the batch)")
     check_nan: bool = option(True, "treat a NaN/inf loss as a spike")
     spike_factor: float | None = option(3.0, "a loss above this multiple of the recent mean is a spike (null = off)")
     window: int = option(20, "number of recent losses in the mean")
@@ -35,6 +39,7 @@ class LossSpikeGuard(Callback):
         self.history: deque[float] = deque(maxlen=max(1, settings.window))
         self.skips_in_a_row = 0
         self.skipped = 0
+        self.stop_after_batch: str | None = None  # action: checkpoint; what went wrong
 
     def _problem(self, loss: float) -> str | None:
         if not math.isfinite(loss):
@@ -59,6 +64,9 @@ class LossSpikeGuard(Callback):
                                   "callbacks.loss_spike_guard.action: skip)")
         self.skips_in_a_row += 1
         self.skipped += 1
+        if self.s.action == "checkpoint":
+            self.stop_after_batch = f"{problem} {where}"
+            return True
         if self.skips_in_a_row > self.s.max_consecutive_skips:
             raise TrainingStopped(f"loss_spike_guard: {problem} {where}, {self.skips_in_a_row} batches in a row "
                                   "(the run is not recovering; resume from an earlier checkpoint)")
@@ -67,6 +75,19 @@ class LossSpikeGuard(Callback):
 
     def on_batch_end(self, trainer, metrics):
         metrics["train/skipped_batches"] = float(self.skipped)
+        if self.stop_after_batch is not None:
+            self._checkpoint_and_stop(trainer)
+
+    def _checkpoint_and_stop(self, trainer) -> None:
+        """After the skipped batch has been counted: save (and wait for the upload), then stop."""
+        if not trainer.cfg.save_folder:
+            raise TrainingStopped(f"loss_spike_guard: {self.stop_after_batch}; no save_folder, so nothing was saved")
+        path = trainer.save()
+        if not trainer.checkpointer.finish(trainer.cfg.checkpoint_upload.wait_at_end_s):
+            raise TrainingStopped(f"loss_spike_guard: {self.stop_after_batch}; the checkpoint {path} could not be "
+                                  "uploaded")
+        raise TrainingStopped(f"loss_spike_guard: {self.stop_after_batch}; saved {path} without that batch's update "
+                              "(resume from it, e.g. with a lower learning rate, to go on after the batch)")
 
 
 @callbacks.register("loss_spike_guard", config=LossSpikeGuardSettings)

@@ -1,0 +1,133 @@
+"""Node loss on a multi-node Ray cluster on this host (ray.cluster_utils.Cluster: a head with no CPUs for training,
+two-CPU worker nodes: one that takes both ranks and a spare). Both ranks share a node because nodes simulated on one
+host share /dev/shm, where streaming keeps its per-node state: two node leaders there collide (the Slurm tests give
+each "node" its own /dev/shm with unshare; Ray's nodes cannot have one). A node that disappears mid-run takes its rank with it;
+Ray restarts the group on the nodes left and training resumes from the newest checkpoint, ending bitwise equal to
+the torchrun reference. A node drained for preemption first gets a just-in-time checkpoint."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from llmfoundry.launch import ray as ray_launch
+from tests.dist.helpers import losses
+from tests.launch.launch_helpers import write_recipe
+from tests.launch.ray_helpers import assert_same_training, cluster_environment, ray_recipe
+
+ray = pytest.importorskip("ray")
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="module")
+def cluster(moto_s3):
+    from ray.cluster_utils import Cluster
+
+    saved = dict(os.environ)
+    os.environ.update(cluster_environment(moto_s3.url))
+    os.environ["RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S"] = "0.5"  # Ray passes it on to its preemption watcher
+    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    for _ in range(2):
+        nodes.add_node(num_cpus=2)
+    nodes.wait_for_nodes()
+    ray.init(address=nodes.address)
+    yield nodes
+    ray.shutdown()
+    nodes.shutdown()
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def _recipe(mds_root, tokenizer_dir, folder):
+    recipe = ray_recipe(mds_root, tokenizer_dir, folder)
+    recipe["callbacks"]["where"] = {"folder": str(folder)}
+    return recipe
+
+
+def _start(recipe_path, tmp_path, name):
+    """ray_launch.fit in a thread (the driver waits there); returns (thread, outcome dict)."""
+    outcome: dict = {}
+
+    def drive():
+        try:
+            outcome["result"] = ray_launch.fit(str(recipe_path), num_workers=2, max_failures=1,
+                                               storage_path=str(tmp_path / "ray"), run_name=name)
+        except BaseException as error:  # noqa: BLE001 - reported by the test
+            outcome["error"] = error
+
+    thread = threading.Thread(target=drive, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def _wait_for_step(metrics, step, thread, outcome, timeout=300):
+    deadline = time.monotonic() + timeout
+    while max(losses(metrics), default=0) < step:
+        assert thread.is_alive(), f"the run ended before step {step}: {str(outcome.get('error'))[-3000:]}"
+        assert time.monotonic() < deadline, f"no step {step} after {timeout} s"
+        time.sleep(0.05)
+
+
+def _training_node(cluster, folder, rank: int):
+    """The cluster node (ray._private.node.Node) that runs ``rank`` now (the `where` callback wrote its id)."""
+    node_id = (folder / f"node-rank{rank}.txt").read_text().strip()
+    return next(n for n in cluster.worker_nodes if n.node_id == node_id)
+
+
+def _finish(thread, outcome):
+    thread.join(timeout=600)
+    assert not thread.is_alive(), "the Ray run did not finish"
+    assert "error" not in outcome, repr(outcome.get("error"))
+    assert outcome["result"].error is None
+
+
+def test_lost_node_restarts_the_group_and_ends_like_torchrun(cluster, ray_reference, tmp_path, mds_root,
+                                                             tokenizer_dir):
+    recipe = write_recipe(_recipe(mds_root, tokenizer_dir, tmp_path), tmp_path)
+    thread, outcome = _start(recipe, tmp_path, "node-lost")
+    _wait_for_step(tmp_path / "metrics.jsonl", 5, thread, outcome)  # ep0-ba4 is saved
+    lost = _training_node(cluster, tmp_path, rank=1)
+    cluster.remove_node(lost, allow_graceful=False)
+    _finish(thread, outcome)
+    assert_same_training(ray_reference, tmp_path, exactly_once=False)
+    cluster.add_node(num_cpus=2)  # the spare used up: the next test has one again
+    cluster.wait_for_nodes()
+
+
+def test_preemption_notice_saves_just_in_time(cluster, ray_reference, tmp_path, mds_root, tokenizer_dir):
+    """`ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION` (what a cloud's spot reclaim does): the workers save a
+    checkpoint at once, between save_interval's (4, 8), then the node goes and training continues from it."""
+    recipe = write_recipe(_recipe(mds_root, tokenizer_dir, tmp_path), tmp_path)
+    thread, outcome = _start(recipe, tmp_path, "node-preempted")
+    _wait_for_step(tmp_path / "metrics.jsonl", 5, thread, outcome)
+    doomed = _training_node(cluster, tmp_path, rank=1)
+    drain = subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "drain-node", "--address", cluster.address,
+                            "--node-id", doomed.node_id, "--reason", "DRAIN_NODE_REASON_PREEMPTION",
+                            "--reason-message", "spot reclaim (test)", "--deadline-remaining-seconds", "60"],
+                           capture_output=True, text=True, timeout=60)
+    assert drain.returncode == 0, drain.stderr
+    deadline = time.monotonic() + 120
+    saved = []
+    while not saved:
+        assert time.monotonic() < deadline and thread.is_alive(), "no just-in-time checkpoint"
+        saved = [p.name for p in (tmp_path / "ckpt").glob("ep0-ba*") if int(p.name.split("ba")[1]) % 4]
+        time.sleep(0.1)
+    cluster.remove_node(doomed, allow_graceful=False)
+    _finish(thread, outcome)
+    assert_same_training(ray_reference, tmp_path, exactly_once=False)
+    seen = [b for b, _ in _rank0_batches(tmp_path)]
+    jit = int(saved[0].split("ba")[1])
+    assert seen.count(jit) == 1 and all(seen.count(b) == 1 for b in range(1, jit + 1)), seen  # nothing redone
+
+
+def _rank0_batches(folder):
+    """(batch, sample hashes) of rank 0 in the order trained (record_samples' file)."""
+    import json
+
+    path = folder / "samples-2x-rank0.jsonl"
+    return [(row["batch"], row["rows"]) for row in map(json.loads, path.read_text().splitlines()) if row]
