@@ -1,0 +1,48 @@
+"""Stop anywhere, continue anywhere, the other way round: a run started with `llmfoundry ray` and stopped mid-way
+(its driver and Ray cluster killed) is continued by `llmfoundry slurm` from the same save_folder and ends bitwise
+equal to the uninterrupted torchrun reference (tests/launch/test_ray_train.py goes from torchrun to Ray)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.dist.helpers import kill_tree, losses, worker_env
+from tests.launch.launch_helpers import job_log, submit, wait_for_state, write_recipe
+from tests.launch.ray_helpers import assert_same_training, batches, ray_recipe
+
+pytest.importorskip("ray")
+pytestmark = [pytest.mark.ray, pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+def test_run_stopped_under_ray_continues_under_slurm(slurm_cluster, ray_reference, tmp_path, mds_root,
+                                                     tokenizer_dir):
+    folder = tmp_path / "run"
+    recipe = write_recipe(ray_recipe(mds_root, tokenizer_dir, folder), tmp_path)
+    log = open(tmp_path / "ray.log", "w")
+    driver = subprocess.Popen([sys.executable, "-m", "llmfoundry.cli", "ray", str(recipe), "--num-workers", "2",
+                               "--address", "local", "--storage-path", str(tmp_path / "ray")],
+                              cwd=tmp_path, env=worker_env(), stdout=log, stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    try:
+        deadline = time.monotonic() + 400
+        while max(losses(folder / "metrics.jsonl"), default=0) < 5:  # ep0-ba4 is saved by then
+            assert driver.poll() is None, (tmp_path / "ray.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the Ray run never reached batch 5"
+            time.sleep(0.05)
+    finally:
+        kill_tree(driver)  # the driver, its Ray cluster and the workers, at once
+    stopped_at = max(losses(folder / "metrics.jsonl"))
+    assert stopped_at < 10 and (folder / "ckpt" / "ep0-ba4" / ".metadata").exists()
+
+    job = submit(recipe, folder)
+    info = wait_for_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=400)
+    assert info["JobState"] == "COMPLETED", job_log(folder)
+    # the Slurm job resumed from ep0-ba4 (batches 1-4 were trained once, by Ray); the batches after it that Ray had
+    # trained are trained again (rows seen twice); the end is the reference's
+    seen = batches(folder)
+    assert all(len(seen[b]) == len(ray_reference["batches"][b]) for b in range(1, 5))
+    assert_same_training(ray_reference, folder, exactly_once=False)
