@@ -307,6 +307,12 @@ def _environ(pid: int) -> str:
         return ""
 
 
+def kill_row_name(moment: str, target: str) -> str:
+    where = {"random": "at a random moment", "checkpoint write": "inside a checkpoint write",
+             "upload": "during a checkpoint upload"}[moment]
+    return f"SIGKILL {'all ranks' if target == 'all' else 'one rank'} {where}"
+
+
 def kill_trial(world: World, row: Row, moment: str, target: str, trial: int, rng: random.Random) -> None:
     name = f"kill-{moment.replace(' ', '-')}-{target}-{trial}"
     run_dir = world.work / name
@@ -347,7 +353,8 @@ def kill_trial(world: World, row: Row, moment: str, target: str, trial: int, rng
             break
         attempt += 1
     after = complete_checkpoints(world, save_folder)
-    row.add(world, run_dir, save_folder, job.proc.returncode == 0, len(before - after), "aimed" if aimed else "missed")
+    row.add(world, run_dir, save_folder, job.proc.returncode == 0, len(before - after),
+            "the kill landed where aimed" if aimed else "missed its moment")
 
 
 def s3_outage(world: World, row: Row, seconds: float, budget_s: float | None) -> None:
@@ -429,7 +436,7 @@ def damaged_data(world: World, row: Row, damage: str) -> None:
     run_dir = world.work / name
     data = run_dir / "mds"
     shutil.copytree(world.mds, data)
-    shard = sorted((data / "train").glob("shard.*.mds"))[1]
+    shard = sorted((data / "train").rglob("shard.*.mds"))[1]
     raw = bytearray(shard.read_bytes())
     if damage == "truncated":
         shard.write_bytes(bytes(raw[: len(raw) - 100]))
@@ -564,7 +571,7 @@ def main() -> None:
     if "kill" in groups:
         kinds = [(m, t) for m in ("random", "checkpoint write", "upload") for t in ("all", "one")]
         kinds = [kinds[i] for i in args.kill_kinds] if args.kill_kinds else kinds
-        by_kind = {k: Row(f"SIGKILL {k[1]} ranks at a {k[0]} moment".replace("one ranks", "one rank")) for k in kinds}
+        by_kind = {k: Row(kill_row_name(*k)) for k in kinds}
         for trial in range(args.kills):
             kind = kinds[trial % len(kinds)]
             kill_trial(world, by_kind[kind], *kind, trial, rng)
