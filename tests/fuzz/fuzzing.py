@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
 import traceback
 
@@ -31,10 +32,20 @@ def fuzz_settings(ci_examples: int) -> settings:
     return settings(max_examples=ci_examples, derandomize=True, **common)
 
 
+LOG_PREFIX = "log: "  # logged lines (one-line notices) on stderr; not part of the error
+
+
 def run_cli(argv: list[str]) -> tuple[int, str, str]:
     """``llmfoundry <argv>`` in this process: (exit code, stdout, stderr). An exception escaping the command (what
     a user would see as a traceback) fails the test with that traceback."""
     out, err = io.StringIO(), io.StringIO()
+    # Logging goes to this run's stderr, as in a process of its own: a handler an earlier test installed
+    # (logging.basicConfig) may hold a stream pytest has closed since, and logging would print its own traceback.
+    root, ours = logging.getLogger(), logging.getLogger("llmfoundry")
+    handler = logging.StreamHandler(err)
+    handler.setFormatter(logging.Formatter(LOG_PREFIX + "%(message)s"))
+    saved_handlers, root.handlers = root.handlers, [handler]
+    saved_ours, ours.handlers = ours.handlers, []
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             code = cli.main(argv)
@@ -42,6 +53,8 @@ def run_cli(argv: list[str]) -> tuple[int, str, str]:
             code = stop.code if isinstance(stop.code, int) else 2
         except BaseException:  # noqa: BLE001 - any escape is the failure this suite looks for
             raise AssertionError(f"llmfoundry {' '.join(map(repr, argv))[:300]} raised:\n{traceback.format_exc()}")
+        finally:
+            root.handlers, ours.handlers = saved_handlers, saved_ours
     return code, out.getvalue(), err.getvalue()
 
 
@@ -49,9 +62,9 @@ def assert_clean_exit(code: int, out: str, err: str, what: str) -> None:
     """Exit 0, or exit 2 with one line of error on stderr; no traceback anywhere."""
     assert "Traceback (most recent call last)" not in out + err, f"{what}: traceback printed\n{out}\n{err}"
     assert code in (0, 2), f"{what}: exit code {code}\nstdout: {out[-2000:]}\nstderr: {err[-2000:]}"
-    if code == 2 and err.strip():
+    lines = [line for line in err.split("\n") if line.strip() and not line.startswith(LOG_PREFIX)]
+    if code == 2 and lines:
         # one "error: ..." line; several problems found together follow it as "  - ..." lines (ConfigError.many)
-        lines = [line for line in err.split("\n") if line.strip()]
         errors = [line for line in lines if line.startswith("error:")]
         assert len(errors) == 1, f"{what}: expected one 'error:' line on stderr, got:\n{err[-2000:]}"
         after = lines[lines.index(errors[0]) + 1:]
