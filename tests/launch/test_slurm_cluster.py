@@ -20,10 +20,10 @@ from tests.dist.helpers import (
     checkpoint_weights,
     losses,
     run_job,
-    seen_rows,
     torchrun_args,
 )
 from tests.helpers import tiny_recipe
+from tests.launch.ray_helpers import batches  # per-batch sample hashes, shared with the Ray tests
 from tests.launch.launch_helpers import (
     OWN_SHM,
     WORKER,
@@ -52,15 +52,8 @@ def reference(tmp_path_factory, mds_root, tokenizer_dir):
                          loggers={"jsonl": {"path": str(folder / "metrics.jsonl")}})
     fixed_partition(recipe)
     run_job(recipe, folder, "reference", entry=[*torchrun_args(2), "-m", "llmfoundry.cli", "train"])
-    return {"losses": losses(folder / "metrics.jsonl"), "batches": _batches(folder),
+    return {"losses": losses(folder / "metrics.jsonl"), "batches": batches(folder),
             "weights": checkpoint_weights(folder / "ckpt" / FINAL)}
-
-
-def _batches(folder: Path) -> dict[int, list[str]]:
-    batches: dict[int, list[str]] = {}
-    for row in seen_rows(folder):
-        batches.setdefault(row["batch"], []).extend(row["rows"])
-    return batches
 
 
 def _assert_same_training(reference, folder: Path, exactly_once: bool = True) -> None:
@@ -70,9 +63,9 @@ def _assert_same_training(reference, folder: Path, exactly_once: bool = True) ->
     got = checkpoint_weights(folder / "ckpt" / FINAL)
     for key, expected in reference["weights"].items():
         assert torch.equal(expected, got[key]), key
-    batches = _batches(folder)
-    assert sorted(batches) == list(range(1, 11))
-    for batch, rows in batches.items():
+    seen = batches(folder)
+    assert sorted(seen) == list(range(1, 11))
+    for batch, rows in seen.items():
         expected = sorted(reference["batches"][batch])
         repeats = len(rows) // len(expected)
         assert sorted(rows) == sorted(expected * repeats) and (repeats == 1 or not exactly_once), f"batch {batch}"
