@@ -92,7 +92,9 @@ class ICLTaskConfig:
     )
     limit: int | None = option(None, "evaluate only the first N records (few-shot examples still come from all)")
     kv_cache: Literal["auto", "on", "off"] = option(
-        "auto", "score the choices of a question from one pass over their shared prefix (auto: when supported)"
+        "auto", "score a question's shared prefix once for all its choices, and pack questions into rows instead "
+        "of padding them: packed rows when the model takes a 4D mask, else a copied key/value cache (under auto "
+        "only where that saves >= 15% of token positions); off: every sequence run whole, padded"
     )
 
     def check_settings(self, path: str) -> list[str]:

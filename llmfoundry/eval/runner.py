@@ -141,14 +141,17 @@ class ICLEvaluator:
 
     # --- evaluation -------------------------------------------------------------------------------------------
     def _share_mode(self, run: TaskRun, model) -> str:
-        """How a question's shared prefix is reused: 'packed' (one row per question with a 4D mask), 'kv' (the
-        prefix's key/value cache copied to each choice) or 'full' (each choice run whole)."""
-        if run.task.scoring != "choices" or run.cfg.kv_cache == "off" or run.kv_saving <= 0:
+        """How sequences reach the model: 'packed' (questions packed into rows with a 4D mask, each shared prefix
+        once, no padding between questions), 'kv' (the prefix's key/value cache copied to each choice) or 'full'
+        (each sequence run whole, padded)."""
+        if run.task.scoring not in ("choices", "greedy") or run.cfg.kv_cache == "off":
+            return "full"
+        if supports_packed(model):  # never more positions than running each sequence whole
+            return "packed"
+        if run.task.scoring != "choices" or run.kv_saving <= 0:
             return "full"
         if run.cfg.kv_cache == "auto" and run.kv_saving < KV_CACHE_MIN_SAVING:
             return "full"
-        if supports_packed(model):
-            return "packed"
         return "kv" if supports_kv_cache(model) else "full"
 
     @torch.no_grad()

@@ -45,8 +45,8 @@ def test_metrics_are_named_per_task_shot_and_metric(tokenizer, llama):
     assert not llama.training
 
 
-def test_kv_cache_path_gives_the_same_metrics_as_the_plain_path(tokenizer, llama):
-    tasks = [t for t in tiny_tasks() if t["label"] in ("mc", "schema")]
+def test_packed_path_gives_the_same_metrics_as_the_plain_path(tokenizer, llama):
+    tasks = [t for t in tiny_tasks() if t["label"] in ("mc", "schema", "lm")]
     on = ICLEvaluator([{**t, "kv_cache": "on"} for t in tasks], tokenizer, batch_size=5).evaluate(llama, "cpu")
     off = ICLEvaluator([{**t, "kv_cache": "off"} for t in tasks], tokenizer, batch_size=5).evaluate(llama, "cpu")
     assert on == off

@@ -18,6 +18,8 @@ from llmfoundry.eval.icl.metrics import (
 )
 from llmfoundry.eval.icl.scoring import (
     kv_cache_saving,
+    pack_rows,
+    packed_width,
     plan_batches,
     score_full,
     score_packed,
@@ -167,6 +169,35 @@ def test_packed_rows_with_a_4d_mask_equal_running_each_sequence_alone(model_name
     ]
     with torch.no_grad():
         scored = score_packed(model, groups, "cpu", trim_logits=model_name == "llama")
+    for group, scores in zip(groups, scored):
+        for seq, score in zip(group, scores):
+            assert math.isclose(score.logprob, _reference(model, seq), rel_tol=1e-4, abs_tol=1e-4)
+            assert score.num_tokens == len(seq.tokens) - seq.cont_start
+
+
+def test_pack_rows_fills_the_widest_rows_with_short_questions():
+    rows = pack_rows([10, 4, 6, 3, 9, 1])
+    assert sorted(g for r in rows for g in r) == list(range(6))
+    assert all(sum([10, 4, 6, 3, 9, 1][g] for g in r) <= 10 for r in rows)
+    assert len(rows) == 4  # 10 | 9+1 | 6+4 | 3
+
+
+@pytest.mark.parametrize("model_name", ["llama", "gpt2"])
+def test_several_questions_in_one_packed_row_score_as_if_alone(model_name, request):
+    """Questions sharing a row (block-diagonal mask, positions restarting per question), single-token choices
+    predicted from the prefix's last position, and language-modelling sequences (one per question)."""
+    model = request.getfixturevalue(model_name)
+    groups = [
+        [Sequence(list(range(10, 30)) + [40, 41], 20)],  # one long sequence sets the row width
+        [Sequence([5, 6, 7, 8], 3), Sequence([5, 6, 7, 9], 3)],  # single-token choices: the prefix is all
+        [Sequence([30, 31, 40, 41], 2), Sequence([30, 31, 42], 2)],
+        [Sequence([50, 51, 52], 2)],
+    ]
+    widths = [packed_width(g) for g in groups]
+    assert widths == [21, 3, 3, 2]  # the last token of each sequence is never an input
+    assert len(pack_rows(widths)) == 2
+    with torch.no_grad():
+        scored = score_packed(model, groups, "cpu", trim_logits=True)
     for group, scores in zip(groups, scored):
         for seq, score in zip(group, scores):
             assert math.isclose(score.logprob, _reference(model, seq), rel_tol=1e-4, abs_tol=1e-4)

@@ -82,9 +82,29 @@ def kv_cache_saving(groups: list[list[Sequence]]) -> float:
 
 
 def packed_width(group: list[Sequence]) -> int:
-    """Length of a group's packed row: the shared prefix once plus every sequence's remaining tokens."""
+    """Token positions a group takes in a packed row: the shared prefix once plus every sequence's remaining
+    tokens except its last (whose prediction no continuation token needs)."""
     p = shared_prefix_len(group)
-    return p + sum(len(s.tokens) - p for s in group)
+    return p + sum(len(s.tokens) - 1 - p for s in group)
+
+
+def pack_rows(widths: list[int]) -> list[list[int]]:
+    """Groups (given by their packed widths) placed into rows no wider than the widest one, first fit in
+    decreasing width, so that short questions fill the padding that the longest question would leave."""
+    order = sorted(range(len(widths)), key=lambda g: -widths[g])
+    limit = widths[order[0]] if order else 0
+    rows: list[list[int]] = []
+    free: list[int] = []
+    for g in order:
+        for r, room in enumerate(free):
+            if widths[g] <= room:
+                rows[r].append(g)
+                free[r] -= widths[g]
+                break
+        else:
+            rows.append([g])
+            free.append(limit - widths[g])
+    return rows
 
 
 def plan_batches(
@@ -218,61 +238,75 @@ def score_shared_prefix(
     return results
 
 
+def takes_logits_index(model: torch.nn.Module) -> bool:
+    """Whether ``forward``'s ``logits_to_keep`` also takes a 1-D tensor of positions (transformers, our MPT)."""
+    try:
+        annotation = inspect.signature(model.forward).parameters["logits_to_keep"].annotation
+    except (KeyError, TypeError, ValueError):
+        return False
+    return "Tensor" in str(annotation)
+
+
 def score_packed(model, groups: list[list[Sequence]], device, pad_id: int = 0, trim_logits: bool = False
                  ) -> list[list[SequenceScore]]:
-    """One row per group: the shared prefix once, then every sequence's remaining tokens one after another, with a
-    4D mask that lets each sequence's tokens see the prefix and themselves only, and positions that restart after
-    the prefix for every sequence. One forward pass, no cache, and no token of the prefix is computed twice."""
-    layouts = []  # per group: (prefix length, [(row offset of the sequence's suffix, suffix length)])
-    rows: list[list[int]] = []
-    segments: list[list[int]] = []
-    positions: list[list[int]] = []
-    for group in groups:
-        p = shared_prefix_len(group)
-        row, seg, pos, spans = list(group[0].tokens[:p]), [0] * p, list(range(p)), []
-        for i, s in enumerate(group):
-            suffix = s.tokens[p:]
-            spans.append((len(row), len(suffix)))
-            row += suffix
-            seg += [i + 1] * len(suffix)
-            pos += range(p, p + len(suffix))
-        layouts.append((p, spans))
-        rows.append(row)
-        segments.append(seg)
-        positions.append(pos)
-    width = max(len(r) for r in rows)
+    """Questions packed into rows, each question one block: its shared prefix once, then every sequence's
+    remaining tokens (all but the last, which predicts nothing scored). A 4D mask lets a sequence's tokens see
+    its question's prefix and themselves only; positions restart after the prefix for every sequence. One
+    forward pass, no cache, no token computed twice, and short questions fill the rows of long ones instead of
+    padding. With ``trim_logits`` the output projection runs only where a continuation token is predicted."""
+    widths = [packed_width(g) for g in groups]
+    rows = pack_rows(widths)
+    width = max(sum(widths[g] for g in row) for row in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    seg_t = torch.full((len(rows), width), -1, dtype=torch.long)
-    pos_t = torch.zeros((len(rows), width), dtype=torch.long)
-    for b, (r, sg, ps) in enumerate(zip(rows, segments, positions)):
-        ids[b, : len(r)] = torch.tensor(r)
-        seg_t[b, : len(r)] = torch.tensor(sg)
-        pos_t[b, : len(r)] = torch.tensor(ps)
+    block = torch.full((len(rows), width), -1, dtype=torch.long)  # the block a position belongs to (-1: padding)
+    home = torch.full((len(rows), width), -1, dtype=torch.long)  # the block of its question's prefix
+    pos = torch.zeros((len(rows), width), dtype=torch.long)
+    predicted_at: dict[tuple[int, int], tuple[int, list[int]]] = {}  # (group, sequence) -> (row, positions)
+    for r, row in enumerate(rows):
+        at = n_blocks = 0
+        for g in row:
+            group = groups[g]
+            p = shared_prefix_len(group)
+            prefix_at, prefix_block = at, n_blocks
+            parts = [(group[0].tokens[:p], 0)] + [(s.tokens[p : len(s.tokens) - 1], p) for s in group]
+            for i, (tokens, first_pos) in enumerate(parts):
+                n = len(tokens)
+                ids[r, at : at + n] = torch.tensor(tokens, dtype=torch.long)
+                block[r, at : at + n] = n_blocks
+                home[r, at : at + n] = prefix_block
+                pos[r, at : at + n] = torch.arange(first_pos, first_pos + n)
+                if i > 0:  # sequence position j sits at prefix_at + j in the prefix, at + j - p after it
+                    s = group[i - 1]
+                    predicted_at[g, i - 1] = (r, [prefix_at + j if j < p else at + j - p
+                                                  for j in range(s.cont_start - 1, len(s.tokens) - 1)])
+                at += n
+                n_blocks += 1
     idx = torch.arange(width)
     causal = idx[None, :, None] >= idx[None, None, :]  # (1, q, k)
-    same = seg_t[:, :, None] == seg_t[:, None, :]  # (B, q, k)
-    key_in_prefix = (seg_t == 0)[:, None, :]
-    real_q = (seg_t >= 0)[:, :, None]
-    mask = causal & real_q & (same | key_in_prefix)
-    mask |= torch.eye(width, dtype=torch.bool)[None]  # padding rows attend to themselves (no empty softmax)
-    kwargs = {}
-    offset = 0
-    if trim_logits:
-        keep = width - max(min(p for p, _ in layouts) - 1, 0)
-        kwargs["logits_to_keep"] = keep
-        offset = width - keep
-    out = model(input_ids=ids.to(device), attention_mask=mask[:, None].to(device), position_ids=pos_t.to(device),
+    visible = (block[:, :, None] == block[:, None, :]) | (home[:, :, None] == block[:, None, :])
+    mask = causal & visible & (block >= 0)[:, :, None]
+    mask |= torch.eye(width, dtype=torch.bool)[None]  # padding attends to itself (no empty softmax)
+
+    kwargs: dict = {}
+    needed = sorted({j for _, where in predicted_at.values() for j in where})
+    column = {j: j for j in range(width)}
+    if trim_logits and takes_logits_index(model):
+        kwargs["logits_to_keep"] = torch.tensor(needed, device=device)
+        column = {j: c for c, j in enumerate(needed)}
+    elif trim_logits:
+        kwargs["logits_to_keep"] = width - needed[0]
+        column = {j: j - needed[0] for j in needed}
+    out = model(input_ids=ids.to(device), attention_mask=mask[:, None].to(device), position_ids=pos.to(device),
                 **kwargs)
     logits = _logits(out)
     results: list[list[SequenceScore]] = []
-    for b, (group, (p, spans)) in enumerate(zip(groups, layouts)):
+    for g, group in enumerate(groups):
         scores = []
-        for s, (start, _length) in zip(group, spans):
-            # row index of sequence position j: j (< p) in the prefix, start + j - p in the suffix
-            where = [j if j < p else start + j - p for j in range(s.cont_start - 1, len(s.tokens) - 1)]
-            at = torch.tensor(where, device=logits.device) - offset
+        for i, s in enumerate(group):
+            r, where = predicted_at[g, i]
+            at = torch.tensor([column[j] for j in where], device=logits.device)
             targets = torch.tensor(s.tokens[s.cont_start :], device=logits.device)
-            scores.append(_score_rows(logits[b].index_select(0, at), targets))
+            scores.append(_score_rows(logits[r].index_select(0, at), targets))
         results.append(scores)
     return results
 
