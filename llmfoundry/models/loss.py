@@ -51,3 +51,16 @@ class TokenLoss:
 
     def targets(self, labels: torch.Tensor) -> torch.Tensor:
         return count_target_tokens(labels, self.offset)
+
+
+def aux_loss_sum(output: object, labels: torch.Tensor, loss: TokenLoss, on_tokens: bool) -> torch.Tensor | None:
+    """A model's auxiliary training loss for one microbatch, weighted as the trainer weights that microbatch's
+    cross-entropy sum, or None when the model has none. ``output.aux_loss`` (MoE: moe_loss_weight times the
+    load-balancing loss) is a mean over the microbatch that llm-foundry adds to the microbatch's mean loss; times
+    its target tokens (``on_tokens``: accumulate_train_batch_on_tokens) or its samples it joins the sum that the
+    trainer divides by the whole batch's tokens or samples."""
+    aux = getattr(output, "aux_loss", None)
+    if aux is None:
+        return None
+    share = loss.targets(labels) if on_tokens else len(labels)
+    return aux * share

@@ -33,7 +33,6 @@ EXPECTED_INVALID = {
     "scripts/train/yamls/pretrain/mpt-3b.yaml": "attn_impl triton (removed from llm-foundry in 0.7)",
     "scripts/train/yamls/pretrain/mpt-70b.yaml": "attn_impl triton (removed from llm-foundry in 0.7)",
     "scripts/train/yamls/pretrain/mpt-7b.yaml": "attn_impl triton (removed from llm-foundry in 0.7)",
-    "scripts/train/yamls/pretrain/testing-moe.yaml": "ffn_config.ffn_type mb_dmoe and its moe_* keys (MegaBlocks MoE)",
 }  # fmt: skip
 
 # Recipes that validate but cannot run on this machine: the one-line error each must end with (exit code 2).

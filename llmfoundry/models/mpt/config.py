@@ -28,6 +28,7 @@ from transformers import PretrainedConfig
 from llmfoundry.config.fields import option
 from llmfoundry.core.errors import ConfigError, did_you_mean
 from llmfoundry.models.layers.ffn import activation_problem
+from llmfoundry.models.layers.moe import moe_problems
 from llmfoundry.models.layers.positional import ROPE_SCALING_KEYS, ROPE_SCALING_REQUIRED
 from llmfoundry.models.metrics import MetricSettings
 from llmfoundry.models.mpt.act_ckpt import target_problems
@@ -87,14 +88,40 @@ class AttnConfig:
 
 @dataclass
 class FFNConfig:
-    ffn_type: Literal["mptmlp", "mptglu", "mptgeglu"] = option(
-        "mptmlp", "mptmlp (up, act, down) or mptglu (gated: down(act(gate) * up); SwiGLU with ffn_act_fn silu)"
+    ffn_type: Literal["mptmlp", "mptglu", "mptgeglu", "mb_moe", "mb_dmoe", "torch_dmoe"] = option(
+        "mptmlp", "mptmlp (up, act, down), mptglu (gated: down(act(gate) * up); SwiGLU with ffn_act_fn silu), or a "
+        "mixture of experts: mb_moe, mb_dmoe (MegaBlocks' names) and torch_dmoe, all one dropless top-k MoE here",
     )
-    ffn_hidden_size: int | None = option(None, "hidden width; default expansion_ratio * d_model")
+    ffn_hidden_size: int | None = option(None, "hidden width (per expert for MoE); default expansion_ratio * d_model")
     ffn_act_fn: dict[str, Any] | None = option(
         None, "activation: {name: <any torch.nn.functional activation>, <its keyword arguments>}, e.g. {name: gelu, "
-        "approximate: tanh} or {name: leaky_relu, negative_slope: 0.1}; default exact gelu (mptmlp and mptglu)"
+        "approximate: tanh} or {name: leaky_relu, negative_slope: 0.1}; default exact gelu (mptmlp, mptglu, "
+        "torch_dmoe), gelu tanh for mb_moe/mb_dmoe (MegaBlocks' default)"
     )
+    # -- mixture of experts (ffn_type mb_moe, mb_dmoe, torch_dmoe); a dense ffn_type must leave them unset ----
+    moe_num_experts: int = option(
+        1, "MoE: experts per layer", differs="mb_moe and mb_dmoe run this project's dropless MoE, not MegaBlocks' "
+        "kernels: the same routing and outputs, except that mb_moe drops no tokens (no moe_capacity_factor)")
+    moe_top_k: int = option(1, "MoE: experts each token is sent to (and weighted by its router probability)")
+    moe_jitter_eps: float | None = option(None, "MoE: in training, scale the router's input by U(1 - eps, 1 + eps)")
+    moe_normalize_expert_weights: float | None = option(
+        None, "MoE: divide each token's top-k weights by their p-norm of this order (1: they sum to 1); none: raw "
+        "router probabilities")
+    moe_loss_weight: float | None = option(
+        None, "MoE: weight of the load-balancing loss (1.0 for a uniform router) added to the training loss; "
+        "default 0.1 for mb_moe/mb_dmoe (MegaBlocks'), 0 for torch_dmoe (llm-foundry's has no such loss)")
+    moe_lbl_in_fp32: bool = option(False, "MoE: compute the load-balancing loss in float32")
+    moe_weight_parallelism: bool = option(False, "MoE: MegaBlocks' weight parallelism (not implemented yet: false)")
+    moe_world_size: int = option(1, "MoE: expert-parallel group size (expert parallelism is not implemented yet: 1)")
+    uniform_expert_assignment: bool = option(
+        False, "MoE benchmarking: route token i's j-th choice to expert (i * top_k + j) mod experts")
+    mlp_type: Literal["mlp", "glu"] = option("mlp", "MoE: each expert an MLP (w1, w2) or a GLU (w1, v1, w2)")
+    mlp_impl: Literal["sparse", "grouped"] = option(
+        "sparse", "MoE: MegaBlocks' kernel choice; both run the same grouped matmuls here (torch._grouped_mm "
+        "where supported)")
+    memory_optimized_mlp: bool = option(
+        False, "MoE: MegaBlocks' activation recomputation in its MLP; accepted, no effect here (use activation "
+        "checkpointing)", differs="no effect: use fsdp_config.activation_checkpointing to trade compute for memory")
 
 
 @dataclass
@@ -227,6 +254,7 @@ class MPTArch:
         if self.init_config.name.startswith("xavier_") and self.init_config.init_gain == 0:
             problems.append(f"{p}.init_config.init_gain: {self.init_config.name} with gain 0 initialises every weight "
                             "to zero (as in llm-foundry); set init_gain, e.g. 1.0")
+        problems += moe_problems(f, f"{p}.ffn_config")
         if f.ffn_act_fn is not None:
             problem = activation_problem(f.ffn_act_fn)
             if problem:

@@ -3,6 +3,10 @@
     tokens -> wte (+ wpe) -> [norm_1 -> attention -> +residual -> norm_2 -> ffn -> +residual] x n_layers
            -> norm_f -> logits (wte^T when tied, else lm_head)
 
+The ffn is a dense MLP/GLU or a mixture of experts (layers/moe.py); with experts, forward also returns
+``aux_loss`` in training: moe_loss_weight times the load-balancing loss, already part of ``loss`` when labels
+are given (llm-foundry's total), for the trainer to add to its own cross-entropy.
+
 Parameter names follow llm-foundry's MPT (transformer.wte, transformer.blocks.N.attn.Wqkv, ...), so that
 llm-foundry checkpoints and transformers' MptForCausalLM map onto this model one to one.
 """
@@ -16,11 +20,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import DynamicCache, GenerationMixin, PreTrainedModel
-from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.modeling_outputs import MoeCausalLMOutputWithPast
 
 from llmfoundry.models.layers.attention import Attention, AttentionMask
 from llmfoundry.models.layers.ffn import build_ffn
 from llmfoundry.models.layers.init import init_module
+from llmfoundry.models.layers.moe import active_share, build_moe, init_experts, is_moe, load_balancing_loss, loss_weight
 from llmfoundry.models.layers.norm import build_norm
 from llmfoundry.models.layers.positional import RotaryEmbedding, alibi_slopes
 from llmfoundry.models.loss import causal_lm_loss
@@ -35,12 +40,18 @@ class MPTBlock(nn.Module):
         self.norm_1 = build_norm(arch.norm_type, arch.d_model, arch.norm_eps, norm_bias)
         self.attn = Attention(arch, layer_idx, attn_impl)
         self.norm_2 = build_norm(arch.norm_type, arch.d_model, arch.norm_eps, norm_bias)
-        self.ffn = build_ffn(arch)
+        self.moe = is_moe(arch.ffn_config.ffn_type)
+        self.ffn = build_moe(arch) if self.moe else build_ffn(arch)
         self.resid_attn_dropout = nn.Dropout(arch.resid_pdrop)
         self.resid_ffn_dropout = nn.Dropout(arch.resid_pdrop)
 
-    def forward(self, x: torch.Tensor, mask: AttentionMask, rope=None, cache=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: AttentionMask, rope=None, cache=None):
+        """(B, T, d) -> (B, T, d); a mixture-of-experts block also returns its routing statistics, as an output
+        (not a side effect) so that activation checkpointing, reentrant or not, neither loses nor repeats them."""
         x = x + self.resid_attn_dropout(self.attn(self.norm_1(x), mask, rope, cache))
+        if self.moe:
+            y, routing = self.ffn(self.norm_2(x))
+            return x + self.resid_ffn_dropout(y), routing
         x = x + self.resid_ffn_dropout(self.ffn(self.norm_2(x)))
         return x
 
@@ -74,6 +85,7 @@ class MPTModel(nn.Module):
         sequence_id: torch.Tensor | None = None,  # (B, T) document ids of packed sequences
         position_ids: torch.Tensor | None = None,  # (B, T)
         cache: DynamicCache | None = None,
+        routing: list | None = None,  # MoE: each block's RoutingStats are appended here
     ) -> torch.Tensor:
         arch, a = self.arch, self.arch.attn_config
         B, T = input_ids.shape
@@ -104,6 +116,10 @@ class MPTModel(nn.Module):
         rope = self.rotary(position_ids, dtype) if self.rotary is not None else None
         for block, window in zip(self.blocks, self.windows):
             x = block(x, masks[window], rope, cache)
+            if block.moe:
+                x, stats = x
+                if routing is not None:
+                    routing.append(stats)
         return self.norm_f(x)
 
 
@@ -125,6 +141,7 @@ class MPTPreTrainedModel(PreTrainedModel):
 
     def _init_weights(self, module: nn.Module) -> None:
         init_module(module, self.arch)
+        init_experts(module, self.arch)
 
 
 class MPTForCausalLM(MPTPreTrainedModel, GenerationMixin):
@@ -139,6 +156,9 @@ class MPTForCausalLM(MPTPreTrainedModel, GenerationMixin):
             self.transformer = MPTModel(arch)
             self.lm_head = None if arch.tie_word_embeddings else nn.Linear(arch.d_model, arch.vocab_size, bias=False)
         self.logit_scale = 1 / math.sqrt(arch.d_model) if arch.logit_scale == "inv_sqrt_d_model" else arch.logit_scale
+        # MoE: tokens routed to each expert of each layer by training forwards since the last reset (the
+        # mbmoe_tok_per_expert callback resets and reads it once per batch); None for a dense model
+        self.tokens_per_expert: torch.Tensor | None = None
         self.post_init()
 
     @classmethod
@@ -152,8 +172,11 @@ class MPTForCausalLM(MPTPreTrainedModel, GenerationMixin):
         return list(self.transformer.blocks)
 
     def flops_per_token(self, seq_len: int) -> float:
-        """Training FLOPs per token: 6 per (non-positional) parameter plus attention's 12 * L * d * T."""
-        n = sum(p.numel() for name, p in self.named_parameters() if not name.startswith("transformer.wpe"))
+        """Training FLOPs per token: 6 per (non-positional) active parameter plus attention's 12 * L * d * T. A
+        mixture of experts counts top_k of its experts (and the router), as llm-foundry's n_active_params."""
+        f = self.arch.ffn_config
+        n = sum(p.numel() * active_share(name, f) for name, p in self.named_parameters()
+                if not name.startswith("transformer.wpe"))
         return 6.0 * n + 12.0 * self.arch.n_layers * self.arch.n_heads * self.arch.head_size * seq_len
 
     @torch.no_grad()
@@ -161,6 +184,7 @@ class MPTForCausalLM(MPTPreTrainedModel, GenerationMixin):
         """(Re)initialise every parameter, e.g. after materialising a meta-device model with to_empty()."""
         for module in self.modules():
             init_module(module, self.arch)
+            init_experts(module, self.arch)
 
     # -- transformers plumbing --------------------------------------------------------------------------------
     def get_input_embeddings(self) -> nn.Embedding:
@@ -184,7 +208,7 @@ class MPTForCausalLM(MPTPreTrainedModel, GenerationMixin):
         logits_to_keep: int = 0,
         cache: DynamicCache | None = None,
         **kwargs,
-    ) -> CausalLMOutputWithPast:
+    ) -> MoeCausalLMOutputWithPast:
         # transformers >= 5.24 passes the KV cache as ``cache`` (``past_key_values`` before; both are accepted)
         past_key_values = cache if cache is not None else past_key_values
         use_cache = self.arch.use_cache if use_cache is None else use_cache
@@ -192,7 +216,9 @@ class MPTForCausalLM(MPTPreTrainedModel, GenerationMixin):
             past_key_values = DynamicCache()
         cache = past_key_values if use_cache or past_key_values is not None else None
 
-        h = self.transformer(input_ids, attention_mask, sequence_id, position_ids, cache)  # (B, T, d_model)
+        routing = [] if is_moe(self.arch.ffn_config.ffn_type) else None
+        h = self.transformer(input_ids, attention_mask, sequence_id, position_ids, cache, routing)  # (B, T, d_model)
+        aux_loss = self._moe_loss(routing, input_ids.numel()) if routing else None
         if logits_to_keep:  # generation only needs the last position
             h = h[:, -logits_to_keep:]
         weight = self.transformer.wte.weight if self.lm_head is None else self.lm_head.weight
@@ -204,4 +230,22 @@ class MPTForCausalLM(MPTPreTrainedModel, GenerationMixin):
             logits = cap * torch.tanh(logits / cap)
 
         loss = causal_lm_loss(logits, labels) if labels is not None else None
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=cache if use_cache else None)
+        if loss is not None and aux_loss is not None:
+            loss = loss + aux_loss  # llm-foundry's total: the mean cross-entropy plus the weighted LBL
+        return MoeCausalLMOutputWithPast(loss=loss, aux_loss=aux_loss, logits=logits,
+                                         past_key_values=cache if use_cache else None)
+
+    def _moe_loss(self, routing: list, num_tokens: int) -> torch.Tensor | None:
+        """In training: count the tokens per expert, and return moe_loss_weight * the load-balancing loss (None
+        when the weight is 0), as MegaBlocks records it only in training."""
+        if not self.training:
+            return None
+        with torch.no_grad():
+            counts = torch.stack([c for c, _ in routing])  # (L, E)
+            total = self.tokens_per_expert
+            self.tokens_per_expert = counts if total is None or total.device != counts.device else total + counts
+        f = self.arch.ffn_config
+        weight = loss_weight(f)
+        if not weight:
+            return None
+        return weight * load_balancing_loss(routing, num_tokens, f.moe_top_k, f.moe_lbl_in_fp32)

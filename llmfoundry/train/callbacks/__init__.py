@@ -14,6 +14,7 @@ from llmfoundry.train.callbacks import (  # noqa: F401
     loss_watch,
     lr_monitor,
     memory_monitor,
+    moe_tokens,
     optimizer_monitor,
     resumption,
     run_timeout,

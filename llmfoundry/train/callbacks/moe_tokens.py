@@ -1,0 +1,80 @@
+"""mbmoe_tok_per_expert (llm-foundry's MegaBlocksMoE_TokPerExpert): how evenly the MoE layers spread tokens.
+
+Every ``log_interval`` batches it logs the minimum, maximum, median and standard deviation of the tokens each
+expert received in the batch, over all layers (``mb_moe/all_layers_<stat>_tpe``) and, with ``log_every_layer``,
+per layer (``mb_moe/layer<i>_<stat>_tpe``): llm-foundry's names. ``normalize`` divides a layer's counts by its
+number of tokens (counts / (sum / top_k)), so a perfectly balanced layer shows top_k / experts for every expert.
+The counts are this rank's training forwards of the batch (every microbatch), summed over ranks with
+``all_reduce_stats``; the model counts them itself (``MPTForCausalLM.tokens_per_expert``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from llmfoundry.config.checks import PositiveInt
+from llmfoundry.config.fields import option
+from llmfoundry.core import dist
+from llmfoundry.core.errors import ConfigError
+from llmfoundry.models.layers.moe import DroplessMoE
+from llmfoundry.registry import callbacks
+from llmfoundry.train.callbacks.base import Callback
+
+
+@dataclass
+class TokPerExpertSettings:
+    log_interval: PositiveInt = option(10, "batches between logs")
+    log_every_layer: bool = option(False, "also log each layer's statistics (mb_moe/layer<i>_<stat>_tpe)")
+    all_reduce_stats: bool = option(False, "sum the counts over every rank (else this rank's, logged by rank 0)")
+    normalize: bool = option(True, "counts as a fraction of the layer's tokens (else raw token counts)")
+
+
+class TokPerExpert(Callback):
+    def __init__(self, settings: TokPerExpertSettings):
+        self.s = settings
+        self.top_k: int | None = None
+        self.counts: torch.Tensor | None = None  # (layers, experts) of the last logged batch, before normalize
+
+    def on_fit_start(self, trainer) -> None:
+        moe = [m for m in trainer.model.modules() if isinstance(m, DroplessMoE)]
+        if not moe or not hasattr(trainer.model, "tokens_per_expert"):
+            raise ConfigError("callbacks.mbmoe_tok_per_expert: the model has no mixture-of-experts layers (set "
+                              "model.ffn_config.ffn_type to mb_moe, mb_dmoe or torch_dmoe, or remove the callback)")
+        self.top_k = moe[0].top_k
+
+    def on_batch_start(self, trainer) -> None:
+        trainer.model.tokens_per_expert = None  # count this batch's forwards only
+
+    def on_batch_end(self, trainer, metrics) -> None:
+        if trainer.time.batch % self.s.log_interval:
+            return
+        counts = trainer.model.tokens_per_expert
+        if counts is None:  # a skipped or empty batch: nothing was routed
+            return
+        counts = counts.detach().clone()  # (L, E)
+        if self.s.all_reduce_stats:
+            counts = dist.all_reduce_sum(counts)
+        self.counts = counts
+        values = counts.double()
+        if self.s.normalize:
+            values = values / (values.sum(dim=1, keepdim=True) / self.top_k).clamp(min=1)
+        metrics.update(_stats("all_layers", values.flatten()))
+        if self.s.log_every_layer:
+            for i, layer in enumerate(values):
+                metrics.update(_stats(f"layer{i}", layer))
+
+
+def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
+    return {
+        f"mb_moe/{prefix}_min_tpe": float(values.min()),
+        f"mb_moe/{prefix}_max_tpe": float(values.max()),
+        f"mb_moe/{prefix}_median_tpe": float(values.median()),
+        f"mb_moe/{prefix}_std_tpe": float(values.std()) if values.numel() > 1 else 0.0,
+    }
+
+
+@callbacks.register("mbmoe_tok_per_expert", config=TokPerExpertSettings)
+def build_tok_per_expert(settings: TokPerExpertSettings) -> Callback:
+    return TokPerExpert(settings)
