@@ -11,19 +11,25 @@ sample) are dropped.
 
 from __future__ import annotations
 
+import gc
+import itertools
 import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from tqdm import tqdm
+from transformers import PreTrainedTokenizerFast
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from llmfoundry.core import objectstore
 from llmfoundry.core.errors import ConfigError
+from llmfoundry.data.prep import timing
 from llmfoundry.data.sources import mp_context
 from llmfoundry.data.streaming_guard import import_streaming
 
@@ -74,6 +80,30 @@ def _text_ids(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
 
 
+def _plain_fast_backend(tokenizer):
+    """The ``tokenizers.Tokenizer`` behind ``tokenizer`` when calling it directly gives the ids that
+    ``tokenizer(docs, add_special_tokens=False)`` gives, else None (then the tokenizer's own call runs).
+
+    A Hugging Face fast tokenizer whose class overrides neither ``__call__`` nor ``_encode_plus`` (and has no
+    input/target modes) hands a batch to its backend's ``encode_batch`` with truncation and padding off and its
+    ``split_special_tokens``; the backend is set up the same way here. ``encode_batch_fast`` returns the same ids
+    without computing character offsets, which the converters never read (benchmarks/results/data_prep_profile.md).
+    """
+    cls = type(tokenizer)
+    if (not isinstance(tokenizer, PreTrainedTokenizerFast) or cls.__call__ is not PreTrainedTokenizerBase.__call__
+            or cls._encode_plus is not PreTrainedTokenizerFast._encode_plus or hasattr(tokenizer, "_switch_to_input_mode")):
+        return None
+    backend = tokenizer.backend_tokenizer
+    if not hasattr(backend, "encode_batch_fast"):
+        return None
+    if backend.truncation is not None:
+        backend.no_truncation()
+    if backend.padding is not None:
+        backend.no_padding()
+    backend.encode_special_tokens = bool(tokenizer.split_special_tokens)
+    return backend
+
+
 class _Encoder:
     """Tokenizes a batch of documents into one flat array plus per-document lengths (picklable for workers)."""
 
@@ -82,14 +112,25 @@ class _Encoder:
         self.bos = _text_ids(tokenizer, spec.bos_text)
         self.eos = _text_ids(tokenizer, spec.eos_text)
 
+    def encode(self, docs: list[str]) -> list[list[int]]:
+        """Token ids of each document, exactly as ``tokenizer(docs, add_special_tokens=False)["input_ids"]``."""
+        if not docs:
+            return []
+        backend = _plain_fast_backend(self.tokenizer)  # checked per batch: cheap, and survives pickling as is
+        if backend is None:
+            return self.tokenizer(docs, add_special_tokens=False)["input_ids"]
+        return [encoding.ids for encoding in backend.encode_batch_fast(docs, add_special_tokens=False)]
+
     def __call__(self, docs: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        encoded = self.tokenizer(docs, add_special_tokens=False)["input_ids"] if docs else []
-        pieces, lengths = [], np.empty(len(encoded), dtype=np.int64)
-        bos, eos = np.asarray(self.bos, dtype=np.int64), np.asarray(self.eos, dtype=np.int64)
-        for i, ids in enumerate(encoded):
-            pieces += [bos, np.asarray(ids, dtype=np.int64), eos]
-            lengths[i] = len(bos) + len(ids) + len(eos)
-        flat = np.concatenate(pieces) if pieces else np.empty(0, dtype=np.int64)
+        encoded = self.encode(docs)
+        bos, eos = self.bos, self.eos
+        lengths = np.fromiter((len(ids) for ids in encoded), dtype=np.int64, count=len(encoded))
+        lengths += len(bos) + len(eos)
+        if bos or eos:  # one pass over the ids: cheaper than an array per document
+            pieces = itertools.chain.from_iterable(itertools.chain(bos, ids, eos) for ids in encoded)
+        else:
+            pieces = itertools.chain.from_iterable(encoded)
+        flat = np.fromiter(pieces, dtype=np.int64, count=int(lengths.sum()))
         return flat, lengths
 
 
@@ -102,9 +143,22 @@ def _init_worker(encoder: _Encoder) -> None:
     _worker_encoder = encoder
 
 
-def _encode_in_worker(docs: list[str]) -> tuple[np.ndarray, np.ndarray]:
+def _encode_in_worker(docs: list[str]) -> tuple[np.ndarray, np.ndarray, float]:
     assert _worker_encoder is not None
-    return _worker_encoder(docs)
+    start = time.perf_counter()
+    flat, lengths = _worker_encoder(docs)
+    return flat, lengths, time.perf_counter() - start
+
+
+def start_pool(processes: int, **kwargs):
+    """A process pool whose forked workers leave the parent's objects alone: without ``gc.freeze`` a worker's first
+    full garbage collection touches every object it inherited, copying the parent's memory page by page (seconds
+    of CPU when the parent holds a large corpus or tokenized data)."""
+    gc.freeze()
+    try:
+        return mp_context().Pool(processes, **kwargs)
+    finally:
+        gc.unfreeze()
 
 
 def batched(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
@@ -119,16 +173,36 @@ def batched(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
 
 
 def encode_batches(
-    docs: Iterable[str], tokenizer, spec: ConcatSpec, *, processes: int = 1, docs_per_batch: int = 256
+    docs: Iterable[str], tokenizer, spec: ConcatSpec, *, processes: int = 1, docs_per_batch: int = 256,
+    phases: timing.Phases | None = None,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """(flat token ids, per-document lengths) for consecutive batches of ``docs``, in order."""
+    """(flat token ids, per-document lengths) for consecutive batches of ``docs``, in order.
+
+    ``phases`` (optional) gets the seconds spent reading ``docs`` and tokenizing (summed over the workers), and
+    with workers the time to start them and the time this process waited for them. With workers, ``docs`` is read
+    by the pool's feeder thread while this process waits for results."""
+    phases = phases or timing.Phases()
     encoder = _Encoder(tokenizer, spec)
-    batches = batched(docs, docs_per_batch)
+    reading = "read input (feeder thread)" if processes > 1 else "read input"
+    batches = phases.iterate(reading, batched(docs, docs_per_batch))  # timed per batch, not per document
     if processes <= 1:
-        yield from map(encoder, batches)
+        for batch in batches:
+            with phases.timed("tokenize"):
+                encoded = encoder(batch)
+            yield encoded
         return
-    with mp_context().Pool(processes, initializer=_init_worker, initargs=(encoder,)) as pool:
-        yield from pool.imap(_encode_in_worker, batches, chunksize=1)
+    with phases.timed("start worker processes"):
+        pool = start_pool(processes, initializer=_init_worker, initargs=(encoder,))
+    with pool:
+        results = pool.imap(_encode_in_worker, batches, chunksize=1)
+        while True:
+            with phases.timed("wait for workers"):
+                result = next(results, None)
+            if result is None:
+                return
+            flat, lengths, seconds = result
+            phases.add("tokenize (in workers)", seconds)
+            yield flat, lengths
 
 
 class ConcatWriter:
@@ -206,18 +280,24 @@ def write_concatenated(
     desc: str = "tokenizing",
     total: int | None = None,
     show_progress: bool | None = None,
+    phases: timing.Phases | None = None,
 ) -> dict[str, int]:
-    """Tokenize ``docs`` (in ``processes`` worker processes), concatenate, write MDS to ``out`` (local or s3://)."""
+    """Tokenize ``docs`` (in ``processes`` worker processes), concatenate, write MDS to ``out`` (local or s3://).
+
+    ``phases`` (optional) gets the time spent reading ``docs``, tokenizing, writing samples and flushing shards."""
     require_eos(tokenizer)
+    phases = phases or timing.Phases()
     writer = ConcatWriter(out, spec, vocab_size_of(tokenizer), compression)
     bar = Progress(desc, total=total, disable=None if show_progress is None else not show_progress)
     try:
-        for flat, lengths in encode_batches(docs, tokenizer, spec, processes=processes):
-            writer.add(flat, lengths)
+        for flat, lengths in encode_batches(docs, tokenizer, spec, processes=processes, phases=phases):
+            with phases.timed("concatenate + write samples"):
+                writer.add(flat, lengths)
             bar.update(int(lengths.size), samples=writer.samples)
     finally:
         bar.close()
-    writer.finish()
+    with phases.timed("flush shards (zstd, hashes, files, index)"):
+        writer.finish()
     return {"documents": writer.documents, "tokens": writer.tokens_in, "samples": writer.samples}
 
 

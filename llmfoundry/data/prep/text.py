@@ -20,9 +20,8 @@ from dataclasses import asdict
 
 from llmfoundry.core import objectstore
 from llmfoundry.core.errors import ConfigError
-from llmfoundry.data.prep import common, ray_data
+from llmfoundry.data.prep import common, ray_data, timing
 from llmfoundry.data.prep.common import ConcatSpec
-from llmfoundry.data.sources import mp_context
 from llmfoundry.data.tokenizers import build_tokenizer
 
 PROGRESS_FILE = "llmfoundry_progress.json"
@@ -54,7 +53,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _read_text(path: str) -> str:
-    data = objectstore.read_bytes(path)
+    if objectstore.is_remote(path):
+        data = objectstore.read_bytes(path)
+    else:  # one open per file, no stat first: thousands of small files are read per group
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except (FileNotFoundError, IsADirectoryError):
+            data = None
     if data is None:
         raise ConfigError(f"--input_folder: file '{path}' disappeared while converting")
     try:
@@ -63,10 +69,32 @@ def _read_text(path: str) -> str:
         raise ConfigError(f"{path}: not UTF-8 text (byte {error.start}); convert it or remove it") from None
 
 
-def _convert_group(job: dict) -> dict:
-    """Worker: one group of files -> MDS in its part folder. Runs in its own process."""
+# The tokenizer of this conversion, by (name, kwargs): the parent fills it before the workers are forked, so they
+# inherit the loaded tokenizer instead of loading it again for every group (a spawned worker loads it once).
+_tokenizers: dict[str, object] = {}
+
+
+def _tokenizer_key(name: str, kwargs: dict) -> str:
+    return json.dumps([name, kwargs], sort_keys=True, default=str)
+
+
+def _tokenizer_of(job: dict):
+    key = _tokenizer_key(job["tokenizer"], job["tokenizer_kwargs"])
+    if key not in _tokenizers:
+        _tokenizers[key] = build_tokenizer(job["tokenizer"], job["tokenizer_kwargs"], cli=True)
+    return _tokenizers[key]
+
+
+def _init_group_worker() -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one process per core already
-    tokenizer = build_tokenizer(job["tokenizer"], job["tokenizer_kwargs"], cli=True)
+
+
+def _convert_group(job: dict) -> dict:
+    """One group of files -> MDS in its part folder (in a worker process, or in this one with --processes 1)."""
+    started = time.time()
+    phases = timing.Phases()
+    with phases.timed("load tokenizer"):
+        tokenizer = _tokenizer_of(job)
     spec = ConcatSpec(**job["spec"])
     objectstore.remove_tree(job["out"])  # a part left half-written by an interrupted run
     stats = common.write_concatenated(
@@ -77,8 +105,9 @@ def _convert_group(job: dict) -> dict:
         compression=job["compression"],
         processes=1,
         show_progress=False,
+        phases=phases,
     )
-    return {"group": job["group"], **stats}
+    return {"group": job["group"], **stats, "phases": phases.seconds, "started": started, "pid": os.getpid()}
 
 
 def _settings_key(args, spec: ConcatSpec, tokenizer_kwargs: dict) -> str:
@@ -123,6 +152,7 @@ def _convert_with_ray(args, tokenizer, spec: ConcatSpec, compression, output: st
 
 def convert(args) -> dict:
     ray_data.check_flags(args, {"--processes": args.processes})
+    planning = time.perf_counter()
     compression = None if str(args.compression).lower() in ("none", "") else args.compression
     tokenizer_kwargs = common.tokenizer_kwargs_from_args(args)  # with trust_remote_code: the workers get it too
     tokenizer = build_tokenizer(args.tokenizer, tokenizer_kwargs, cli=True)
@@ -181,31 +211,67 @@ def convert(args) -> dict:
     if len(todo) < len(groups):
         print(f"resuming: {len(groups) - len(todo)} of {len(groups)} groups already converted", flush=True)
     bar = common.Progress("text -> MDS", total=sum(len(groups[i]) for i in todo), unit="file", disable=args.quiet or None)
+    phases, first_start = timing.Phases(), {}
+    groups_json = json.dumps(groups)  # the file list does not change: serialized once, not after every group
+    phases.add("list files, load tokenizer, plan", start - planning)
 
     def record(result: dict) -> None:
         progress["done"][str(result["group"])] = {k: result[k] for k in ("documents", "tokens", "samples")}
         log.debug("group %d done: %d documents, %d tokens, %d samples", result["group"], result["documents"],
                   result["tokens"], result["samples"])
-        objectstore.write_bytes(progress_path, json.dumps(progress).encode())
+        phases.merge(result["phases"])
+        first_start.setdefault(result["pid"], result["started"])
+        first_start[result["pid"]] = min(first_start[result["pid"]], result["started"])
+        with phases.timed("record progress"):
+            objectstore.write_bytes(progress_path, _progress_json(progress, groups_json))
         bar.update(len(groups[result["group"]]))
 
+    _tokenizers.clear()
+    _tokenizers[_tokenizer_key(args.tokenizer, tokenizer_kwargs)] = tokenizer  # inherited by forked workers
     try:
         if processes <= 1 or len(jobs) <= 1:
-            for job in jobs:
-                record(_convert_group(job))
+            previous = os.environ.get("TOKENIZERS_PARALLELISM")
+            os.environ["TOKENIZERS_PARALLELISM"] = "false"  # as in a worker: one core
+            try:
+                for job in jobs:
+                    record(_convert_group(job))
+            finally:
+                _restore_env("TOKENIZERS_PARALLELISM", previous)
         else:
-            with mp_context().Pool(min(processes, len(jobs))) as pool:
+            pool_start = time.time()
+            with phases.timed("start worker processes"):
+                pool = common.start_pool(min(processes, len(jobs)), initializer=_init_group_worker)
+            with pool:
                 for result in pool.imap_unordered(_convert_group, jobs):
                     record(result)
+            # from asking for the pool to each worker's first group starting, summed over the workers
+            phases.add("worker start-up latency", sum(t - pool_start for t in first_start.values()))
     finally:
         bar.close()
-    samples = common.merge_group_indexes(output, parts)
+        _tokenizers.clear()
+    with phases.timed("merge group indexes"):
+        samples = common.merge_group_indexes(output, parts)
     totals = {k: sum(d[k] for d in progress["done"].values()) for k in ("documents", "tokens", "samples")}
     totals["seconds"] = time.perf_counter() - start
+    phases.add("wall time (this process)", time.perf_counter() - planning)
+    timing.publish(phases, "convert_text_to_mds")
     if samples != totals["samples"]:
         raise ConfigError(f"--output_folder: index lists {samples} samples, expected {totals['samples']}; rerun with --reprocess")
     _check_written(totals, spec)
     return totals
+
+
+def _progress_json(progress: dict, groups_json: str) -> bytes:
+    """``json.dumps(progress)``, byte for byte, with the serialized ``groups`` reused."""
+    items = (f"{json.dumps(k)}: {groups_json if k == 'groups' else json.dumps(v)}" for k, v in progress.items())
+    return ("{" + ", ".join(items) + "}").encode()
+
+
+def _restore_env(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
 
 
 def _check_written(totals: dict, spec: ConcatSpec) -> None:
