@@ -5,11 +5,18 @@ Export picks the transformers class that can express the architecture:
 * ``MptForCausalLM`` for ALiBi + multi-head attention + exact-GELU MLP (4x) + bias-free LayerNorm;
 * ``LlamaForCausalLM`` for RoPE + RMSNorm + gated MLP (SwiGLU or another activation), with any kv_n_heads;
 * ``GPT2LMHeadModel`` for learned positions + multi-head attention + LayerNorm + MLP (llm-foundry's default MPT
-  architecture, with or without biases: missing biases are exported as zeros).
+  architecture, with or without biases: missing biases are exported as zeros);
+* ``DbrxForCausalLM`` for any mixture-of-experts MPT (ffn_type mb_moe, mb_dmoe, torch_dmoe) with GLU experts,
+  RoPE, bias-free LayerNorm (eps 1e-5) and no biases, with any kv_n_heads and clip_qkv. DBRX always has an
+  lm_head of its own, so a tied MPT exports its embedding twice (the same function).
 
 Anything else is a ConfigError that names each option that stands in the way, because a silently different
 exported model is worse than none. Our parameter names already match transformers' MPT, so the MPT mapping is
-the identity; the Llama one splits the fused Wqkv into q/k/v projections. The way back (a transformers folder
+the identity; the Llama one splits the fused Wqkv into q/k/v projections; the DBRX one reshapes the experts'
+stacked (experts, ffn_hidden_size, d_model) weights into DBRX's (experts * ffn_hidden_size, d_model) matrices.
+Two DBRX differences only show in training inside transformers, never in outputs: its router jitter
+(moe_jitter_eps) also scales the experts' input, and its load-balancing loss is Switch Transformer's, not
+MegaBlocks'. The way back (a transformers folder
 -> our MPT) is llmfoundry.models.hf_import.
 
 ``llmfoundry convert`` (llmfoundry.commands.convert) runs ``export_hf`` on a loaded model.
@@ -22,12 +29,22 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MptConfig, MptForCausalLM
+from transformers import (
+    DbrxConfig,
+    DbrxForCausalLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MptConfig,
+    MptForCausalLM,
+)
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.core.precision import DTYPES
 from llmfoundry.models.layers.ffn import DEFAULT_ACT_FN
+from llmfoundry.models.layers.moe import MEGABLOCKS_ACT_FN, MEGABLOCKS_TYPES, is_moe, loss_weight
 from llmfoundry.models.mpt.config import MPTArch
 from llmfoundry.models.mpt.model import MPTForCausalLM
 
@@ -37,7 +54,8 @@ _ACT_TO_HF = {("gelu", "none"): "gelu", ("gelu", "tanh"): "gelu_pytorch_tanh", (
 
 
 def _act(arch: MPTArch) -> tuple[str, str]:
-    spec = arch.ffn_config.ffn_act_fn or DEFAULT_ACT_FN  # exact GELU for mptmlp and mptglu, as in llm-foundry
+    f = arch.ffn_config  # llm-foundry's defaults: exact GELU, except MegaBlocks' tanh GELU for mb_moe / mb_dmoe
+    spec = f.ffn_act_fn or (MEGABLOCKS_ACT_FN if f.ffn_type in MEGABLOCKS_TYPES else DEFAULT_ACT_FN)
     return spec.get("name"), spec.get("approximate", "none")
 
 
@@ -142,20 +160,62 @@ def gpt2_export_problems(arch: MPTArch) -> list[str]:
             + _ffn_problems(arch, t, "mptmlp", "a plain MLP") + _norm_problems(arch, t, "layernorm"))
 
 
+DBRX_EPS = 1e-5  # DBRX's LayerNorms are nn.LayerNorm(d_model, bias=False): eps is torch's default, not configurable
+
+
+def dbrx_export_problems(arch: MPTArch) -> list[str]:
+    a, f, t = arch.attn_config, arch.ffn_config, "transformers' DbrxForCausalLM"
+    problems = _common_problems(arch, t) + _norm_problems(arch, t, "layernorm")
+    if not is_moe(f.ffn_type):
+        problems.append(f"model.ffn_config.ffn_type: {t} has mixture-of-experts FFNs (use mb_dmoe), got {f.ffn_type}")
+    if f.mlp_type != "glu":
+        problems.append(f"model.ffn_config.mlp_type: {t}'s experts are GLUs (set mlp_type: glu), got {f.mlp_type}")
+    if _act(arch) not in _ACT_TO_HF:
+        problems.append(f"model.ffn_config.ffn_act_fn: {t} has no activation {_act(arch)}")
+    if f.uniform_expert_assignment:
+        problems.append(f"model.ffn_config.uniform_expert_assignment: {t} always routes by its router (set false)")
+    if not a.rope:
+        problems.append(f"model.attn_config.rope: {t} always uses RoPE (set rope: true and alibi: false)")
+    if arch.learned_pos_emb:
+        problems.append(f"model.learned_pos_emb: {t} has no learned position embeddings (set learned_pos_emb: false)")
+    if arch.head_dim is not None and arch.head_dim * arch.n_heads != arch.d_model:
+        problems.append(f"model.head_dim: {t} needs head_dim = d_model / n_heads (remove head_dim)")
+    if a.softmax_scale is not None and not math.isclose(a.softmax_scale, arch.head_size**-0.5):
+        problems.append(f"model.attn_config.softmax_scale: {t} always scales by 1/sqrt(head_dim) (remove it)")
+    if not arch.no_bias:
+        problems.append(f"model.no_bias: {t} has no biases (set no_bias: true)")
+    elif arch.qkv_bias:
+        problems.append(f"model.attention_bias: {t} has no attention biases (set attention_bias: false)")
+    if not math.isclose(arch.norm_eps, DBRX_EPS):
+        problems.append(f"model.norm_eps: {t}'s LayerNorms use eps {DBRX_EPS}, got {arch.norm_eps}")
+    return problems
+
+
 # our MPT block's layers <-> GPT-2's, and whether the weight is stored transposed (GPT-2's Conv1D is x @ W)
 GPT2_BLOCK_LAYERS = (("norm_1", "ln_1", False), ("attn.Wqkv", "attn.c_attn", True), ("attn.out_proj", "attn.c_proj", True),
                ("norm_2", "ln_2", False), ("ffn.up_proj", "mlp.c_fc", True), ("ffn.down_proj", "mlp.c_proj", True))
+
+# our MPT block's tensors <-> DBRX's (both under transformer.blocks.{i}.): DBRX nests the norms and attention in
+# norm_attn_norm; the router keeps its name, and so do the experts', which are reshaped (see the module doc)
+DBRX_BLOCK_TENSORS = tuple((name, f"norm_attn_norm.{name}") for name in (
+    "norm_1.weight", "attn.Wqkv.weight", "attn.out_proj.weight", "norm_2.weight")) + (("ffn.router.layer.weight",) * 2,)
+DBRX_EXPERT_TENSORS = ("ffn.experts.mlp.w1", "ffn.experts.mlp.v1", "ffn.experts.mlp.w2")  # the same name in both
 
 
 # -- export -------------------------------------------------------------------------------------------------
 
 def to_transformers(model: MPTForCausalLM, *, eos_token_id=None, bos_token_id=None, pad_token_id=None) -> nn.Module:
-    """A transformers-native model (MptForCausalLM, LlamaForCausalLM or GPT2LMHeadModel) with the same weights
-    and outputs."""
+    """A transformers-native model (MptForCausalLM, LlamaForCausalLM, GPT2LMHeadModel or, for a mixture of
+    experts, DbrxForCausalLM) with the same weights and outputs."""
     arch = model.arch
     tokens = dict(eos_token_id=eos_token_id, bos_token_id=bos_token_id, pad_token_id=pad_token_id)
     state = {k: v.detach() for k, v in model.state_dict().items()}
-    if arch.learned_pos_emb:
+    if is_moe(arch.ffn_config.ffn_type):  # the only transformers class here with MoE FFNs
+        problems = dbrx_export_problems(arch)
+        if problems:
+            raise ConfigError.many(problems)
+        hf_model = _dbrx_from_state(arch, state, tokens)
+    elif arch.learned_pos_emb:
         problems = gpt2_export_problems(arch)
         if problems:
             raise ConfigError.many(problems)
@@ -264,6 +324,38 @@ def _gpt2_from_state(arch: MPTArch, state: dict, tokens: dict) -> nn.Module:
             out[dst + f"{theirs}.weight"] = weight.t().contiguous() if transposed else weight
             out[dst + f"{theirs}.bias"] = layers.get(src + f"{ours}.bias", zeros(weight.shape[0]))
     return _load_into(GPT2LMHeadModel, config, out)
+
+
+def _dbrx_from_state(arch: MPTArch, state: dict, tokens: dict) -> nn.Module:
+    a, f = arch.attn_config, arch.ffn_config
+    theta = float(a.rope_theta)
+    config = DbrxConfig(
+        d_model=arch.d_model, n_heads=arch.n_heads, n_layers=arch.n_layers, max_seq_len=arch.max_seq_len,
+        vocab_size=arch.vocab_size, resid_pdrop=float(arch.resid_pdrop), emb_pdrop=float(arch.emb_pdrop),
+        # DBRX's own code, transformers 4.x and DbrxAttention read attn_config.rope_theta; 5.x's rotary tables
+        # read rope_parameters: both are written
+        attn_config={"attn_pdrop": float(a.attn_pdrop), "clip_qkv": a.clip_qkv, "kv_n_heads": arch.kv_heads,
+                     "rope_theta": theta},
+        ffn_config={"ffn_act_fn": {"name": _ACT_TO_HF[_act(arch)]}, "ffn_hidden_size": arch.ffn_hidden,
+                    "moe_num_experts": f.moe_num_experts, "moe_top_k": f.moe_top_k,
+                    "moe_jitter_eps": f.moe_jitter_eps, "moe_loss_weight": float(loss_weight(f)),
+                    "moe_normalize_expert_weights": None if f.moe_normalize_expert_weights is None
+                    else float(f.moe_normalize_expert_weights)},
+        rope_parameters={"rope_type": "default", **(_rope_scaling(arch) or {}), "rope_theta": theta},
+        tie_word_embeddings=False, use_cache=True, **tokens,
+    )  # fmt: skip
+    wte = state["transformer.wte.weight"]
+    out = {"transformer.wte.weight": wte, "transformer.norm_f.weight": state["transformer.norm_f.weight"],
+           "lm_head.weight": state.get("lm_head.weight", wte)}  # a tied head is written as a copy
+    for i in range(arch.n_layers):
+        block = f"transformer.blocks.{i}."  # the same prefix in both
+        out[block + "norm_attn_norm.attn.Wqkv.weight"] = torch.cat(_unfused_qkv(arch, state, i, "weight"))
+        for ours, theirs in DBRX_BLOCK_TENSORS:
+            if ours != "attn.Wqkv.weight":
+                out[block + theirs] = state[block + ours]
+        for name in DBRX_EXPERT_TENSORS:  # (experts, hidden, d_model) -> (experts * hidden, d_model)
+            out[block + name] = state[block + name].reshape(-1, arch.d_model)
+    return _load_into(DbrxForCausalLM, config, out)
 
 
 def _load_into(cls, config, state: dict) -> nn.Module:

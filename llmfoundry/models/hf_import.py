@@ -3,8 +3,9 @@
 A folder holding our own MPT (``model_type: llmfoundry_mpt``) opens with ``MPTForCausalLM.from_pretrained``;
 llm-foundry's own MPT exports (``model_type: mpt`` with llm-foundry's MPTConfig) are read as JSON and tensors by
 llmfoundry.models.llm_foundry_mpt, never with their Python files; transformers' ``MptForCausalLM``,
-``LlamaForCausalLM`` and ``GPT2LMHeadModel`` are read with transformers and their weights mapped onto the MPT
-architecture that computes the same function. An option of the source that our MPT cannot reproduce is a
+``LlamaForCausalLM``, ``GPT2LMHeadModel`` and ``DbrxForCausalLM`` (a mixture of experts: our ``mb_dmoe`` with
+GLU experts) are read with transformers and their weights mapped onto the MPT architecture that computes the
+same function. An option of the source that our MPT cannot reproduce is a
 ConfigError, never a silently different model.
 """
 
@@ -19,7 +20,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM
 
 from llmfoundry.core.errors import ConfigError, first_line
-from llmfoundry.models.hf_export import GPT2_BLOCK_LAYERS
+from llmfoundry.models.hf_export import DBRX_BLOCK_TENSORS, DBRX_EPS, DBRX_EXPERT_TENSORS, GPT2_BLOCK_LAYERS
 from llmfoundry.models.layers.positional import ROPE_SCALING_KEYS
 from llmfoundry.models.llm_foundry_mpt import (
     arch_from_llm_foundry,
@@ -59,7 +60,7 @@ def _mpt_options_transformers_drops(config, attn) -> list[str]:
 
 
 def arch_from_transformers(config, **overrides: Any) -> MPTArch:
-    """The MPT architecture equivalent to a transformers MptConfig, LlamaConfig or GPT2Config (ConfigError
+    """The MPT architecture equivalent to a transformers MptConfig, LlamaConfig, GPT2Config or DbrxConfig (ConfigError
     otherwise), with ``overrides`` (run-time options; ``attn_config`` a dict of its own) applied, then validated."""
     values = _mpt_values(config)
     attn_config = {**values.pop("attn_config", {}), **overrides.pop("attn_config", {})}
@@ -100,18 +101,13 @@ def _mpt_values(config) -> dict[str, Any]:
             ffn_config={"ffn_type": "mptmlp", "ffn_hidden_size": config.n_inner or 4 * config.n_embd,
                         "ffn_act_fn": _HF_TO_ACT[config.activation_function]},
         )  # fmt: skip
+    if kind == "dbrx":
+        return _dbrx_values(config)
     if kind == "llama":
-        rope = dict(getattr(config, "rope_parameters", None) or {})
-        kind = {"default": "no_scaling"}.get(rope.get("rope_type", "default"), rope.get("rope_type"))
-        if kind not in ROPE_SCALING_KEYS or rope.get("partial_rotary_factor", 1.0) != 1.0:
-            raise ConfigError(f"model: RoPE scaling '{rope.get('rope_type')}' is not supported by mpt_causal_lm")
         if config.hidden_act not in _HF_TO_ACT:
             raise ConfigError(f"model: activation '{config.hidden_act}' is not supported by mpt_causal_lm")
         n_heads, kv = config.num_attention_heads, config.num_key_value_heads or config.num_attention_heads
-        attn = {"rope": True, "rope_theta": float(rope.get("rope_theta", 10000.0))}
-        if kind != "no_scaling":  # scaling is read with rope_impl hf, as in llm-foundry
-            scaling = {k: v for k, v in rope.items() if k in ROPE_SCALING_KEYS[kind] and v is not None}
-            attn.update(rope_impl="hf", rope_hf_config={"type": kind, **scaling})
+        attn = _rope_attn(config)
         if kv != n_heads:
             attn.update(attn_type="grouped_query_attention", kv_n_heads=kv)
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads
@@ -125,12 +121,55 @@ def _mpt_values(config) -> dict[str, Any]:
             ffn_config={"ffn_type": "mptglu", "ffn_hidden_size": config.intermediate_size,
                         "ffn_act_fn": _HF_TO_ACT[config.hidden_act]},
         )  # fmt: skip
-    raise ConfigError(f"model: cannot import a '{kind}' model as mpt_causal_lm (supported: mpt, llama, gpt2; "
+    raise ConfigError(f"model: cannot import a '{kind}' model as mpt_causal_lm (supported: mpt, llama, gpt2, dbrx; "
                       "use model.name: hf_causal_lm for other architectures)")  # fmt: skip
 
 
+def _rope_attn(config) -> dict[str, Any]:
+    """attn_config values for the RoPE of a transformers config's rope_parameters (Llama's and DBRX's)."""
+    rope = dict(getattr(config, "rope_parameters", None) or {})
+    kind = {"default": "no_scaling"}.get(rope.get("rope_type", "default"), rope.get("rope_type"))
+    if kind not in ROPE_SCALING_KEYS or rope.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ConfigError(f"model: RoPE scaling '{rope.get('rope_type')}' is not supported by mpt_causal_lm")
+    attn = {"rope": True, "rope_theta": float(rope.get("rope_theta", 10000.0))}
+    if kind != "no_scaling":  # scaling is read with rope_impl hf, as in llm-foundry
+        scaling = {k: v for k, v in rope.items() if k in ROPE_SCALING_KEYS[kind] and v is not None}
+        attn.update(rope_impl="hf", rope_hf_config={"type": kind, **scaling})
+    return attn
+
+
+def _dbrx_values(config) -> dict[str, Any]:
+    """DBRX: RoPE, fused Wqkv (clip_qkv, kv_n_heads), bias-free LayerNorms, an untied head, dropless top-k MoE
+    with GLU experts (MegaBlocks' dmoe, which DBRX was trained with)."""
+    a, f = config.attn_config, config.ffn_config
+    attn = _rope_attn(config)
+    stored_theta = getattr(a, "rope_theta", None)  # DBRX's own key; transformers 5's rotary tables read rope_parameters
+    if stored_theta is not None and float(stored_theta) != attn["rope_theta"]:
+        raise ConfigError(f"model: this DBRX config's attn_config.rope_theta ({stored_theta}) differs from "
+                          f"rope_parameters.rope_theta ({attn['rope_theta']}), which transformers uses; set both to "
+                          "the value the model was trained with in its config.json")
+    act = (f.ffn_act_fn or {}).get("name", "silu")
+    if act not in _HF_TO_ACT:
+        raise ConfigError(f"model: activation '{act}' is not supported by mpt_causal_lm")
+    if a.kv_n_heads != config.n_heads:
+        attn.update(attn_type="grouped_query_attention", kv_n_heads=a.kv_n_heads)
+    attn.update(clip_qkv=a.clip_qkv, attn_pdrop=a.attn_pdrop)
+    norm = f.moe_normalize_expert_weights
+    return dict(
+        d_model=config.d_model, n_heads=config.n_heads, n_layers=config.n_layers, max_seq_len=config.max_seq_len,
+        vocab_size=config.vocab_size, norm_eps=DBRX_EPS, learned_pos_emb=False, no_bias=True, norm_type="layernorm",
+        tie_word_embeddings=False, resid_pdrop=config.resid_pdrop or 0.0, emb_pdrop=config.emb_pdrop or 0.0,
+        attn_config=attn,
+        ffn_config={"ffn_type": "mb_dmoe", "mlp_type": "glu", "ffn_hidden_size": f.ffn_hidden_size,
+                    "ffn_act_fn": _HF_TO_ACT[act], "moe_num_experts": f.moe_num_experts, "moe_top_k": f.moe_top_k,
+                    "moe_jitter_eps": f.moe_jitter_eps, "moe_loss_weight": f.moe_loss_weight,
+                    "moe_normalize_expert_weights": norm},
+    )  # fmt: skip
+
+
 def from_transformers(hf_model: nn.Module, **arch_overrides: Any) -> MPTForCausalLM:
-    """Our MPTForCausalLM with the weights of a transformers MptForCausalLM, LlamaForCausalLM or GPT2LMHeadModel."""
+    """Our MPTForCausalLM with the weights of a transformers MptForCausalLM, LlamaForCausalLM, GPT2LMHeadModel or
+    DbrxForCausalLM."""
     overrides = {**arch_overrides, "init_device": "cpu",  # the weights are copied in right away
                  "attn_config": {**arch_overrides.get("attn_config", {}), "fused_qkv": True}}  # they come fused
     arch = arch_from_transformers(hf_model.config, **overrides)
@@ -139,7 +178,7 @@ def from_transformers(hf_model: nn.Module, **arch_overrides: Any) -> MPTForCausa
     if kind == "mpt":  # our parameter names are transformers' MPT names
         ours = {k: v for k, v in state.items() if not (k == "lm_head.weight" and arch.tie_word_embeddings)}
     else:
-        ours = (_state_from_gpt2 if kind == "gpt2" else _state_from_llama)(arch, state)
+        ours = {"gpt2": _state_from_gpt2, "dbrx": _state_from_dbrx}.get(kind, _state_from_llama)(arch, state)
     return _model_with_state(arch, ours)
 
 
@@ -198,6 +237,18 @@ def _state_from_llama(arch: MPTArch, state: dict) -> dict:
     return ours
 
 
+def _state_from_dbrx(arch: MPTArch, state: dict) -> dict:
+    ours = _outer_state(arch, state, "transformer.wte", "transformer.norm_f")
+    experts = (arch.ffn_config.moe_num_experts, arch.ffn_hidden, arch.d_model)
+    for i in range(arch.n_layers):
+        block = f"transformer.blocks.{i}."  # the same prefix in both
+        for mine, theirs in DBRX_BLOCK_TENSORS:
+            ours[block + mine] = state[block + theirs]
+        for name in DBRX_EXPERT_TENSORS:  # (experts * hidden, d_model) -> (experts, hidden, d_model)
+            ours[block + name] = state[block + name].reshape(experts)
+    return ours
+
+
 def _read_config(path: Path) -> dict:
     config_file = path / "config.json"
     if not config_file.is_file():
@@ -215,7 +266,7 @@ def is_llm_foundry_mpt_folder(path: str | Path) -> bool:
 
 
 def load_as_mpt(path: str | Path, overrides: dict | None = None, attn_overrides: dict | None = None) -> MPTForCausalLM:
-    """Our MPT from a folder holding our MPT, llm-foundry's MPT, or transformers' MPT, Llama or GPT-2.
+    """Our MPT from a folder holding our MPT, llm-foundry's MPT, or transformers' MPT, Llama, GPT-2 or DBRX.
 
     ``overrides`` / ``attn_overrides`` replace run-time options (attn_impl, dropouts, init_device) of the stored
     architecture.
