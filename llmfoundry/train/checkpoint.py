@@ -23,6 +23,7 @@ import random
 import re
 import shutil
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -135,43 +136,28 @@ def model_state(model: torch.nn.Module) -> dict[str, Any]:
     return {name: value for name, value in state.items() if name in trained}
 
 
-def save_checkpoint(
-    folder: str | Path,
-    name: str,
+@dataclass
+class Snapshot:
+    """What one checkpoint holds, taken at one step: the DCP state (model, optimizer), this rank's ``rank{r}.pt``
+    values and, with full_weights, the gathered weights. Writing it needs no collective of the training group."""
+
+    state: dict[str, Any]
+    small: dict[str, Any]
+    full: dict[str, Any] | None = None
+
+
+def take_snapshot(
     *,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer | None,
     trainer_state: dict[str, Any],
     loader_state: dict[str, Any] | None,
-    config: dict[str, Any],
-    tokenizer: Any,
-    overwrite: bool,
-    keep: int = -1,
     weights_only: bool = False,
     full_weights: bool = False,
-    publish: bool = True,
     ignore: Any = None,
-) -> Path:
-    """Write one checkpoint (collective: every rank calls it) and point ``latest`` at it; returns its path.
-
-    ``weights_only``: leave the optimizer state out. ``full_weights``: also write the gathered model weights as
-    ``model_full.pt`` (rank 0). ``publish=False`` writes straight into ``folder/name`` with no rename, ``latest``
-    or retention: used for the staging folder of an s3:// save_folder, where the upload's completion marker
-    plays that role. ``ignore`` (train.compat.IgnoreKeys, from save_ignore_keys): state left out.
-    """
-    folder = Path(folder)
-    final = folder / name
-    target = folder / f".{name}.partial" if publish else final
-    if dist.rank() == 0:
-        if publish and final.exists():
-            if not overwrite:
-                raise ConfigError(f"save_folder: checkpoint '{final}' already exists (set save_overwrite: true "
-                                  "or choose another save_folder)")
-            shutil.rmtree(final)
-        shutil.rmtree(target, ignore_errors=True)
-    dist.barrier()
-    target.mkdir(parents=True, exist_ok=True)  # every rank: a staging folder may be local to each node
-
+) -> Snapshot:
+    """The state to save (collective with full_weights: every rank calls it). Tensors are the live ones, not
+    copies: train.async_save copies them to host memory before training changes them."""
     state: dict[str, Any] = {"model": model_state(model)}
     skip_optimizer = bool(ignore) and ignore.section("optimizer")
     if optimizer is not None and not weights_only and not skip_optimizer:
@@ -184,14 +170,65 @@ def save_checkpoint(
     full = None
     if full_weights:  # a collective: gathered before the writes, which may fail on one rank only
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    small = {"trainer": trainer_state, "rng": rng, "dataloader": loader_state, "world_size": dist.world_size(),
+             "weights_only": weights_only or optimizer is None or skip_optimizer}
+    return Snapshot(state, small, full)
+
+
+def save_checkpoint(folder: str | Path, name: str, *, config: dict[str, Any], tokenizer: Any, overwrite: bool,
+                    keep: int = -1, publish: bool = True, **state: Any) -> Path:
+    """Write one checkpoint (collective: every rank calls it) and point ``latest`` at it; returns its path.
+
+    ``state``: :func:`take_snapshot`'s arguments: model, optimizer, trainer_state, loader_state; ``weights_only``
+    leaves the optimizer state out; ``full_weights`` also writes the gathered model weights as ``model_full.pt``
+    (rank 0); ``ignore`` (train.compat.IgnoreKeys, from save_ignore_keys): state left out. The rest as in
+    :func:`write_snapshot`.
+    """
+    return write_snapshot(folder, name, take_snapshot(**state), config=config, tokenizer=tokenizer,
+                          overwrite=overwrite, keep=keep, publish=publish)
+
+
+def write_snapshot(
+    folder: str | Path,
+    name: str,
+    snapshot: Snapshot,
+    *,
+    config: dict[str, Any],
+    tokenizer: Any,
+    overwrite: bool,
+    keep: int = -1,
+    publish: bool = True,
+    group: Any = None,
+) -> Path:
+    """Write ``snapshot`` as checkpoint ``name`` (collective over ``group``, the default group when None) and
+    point ``latest`` at it; returns its path.
+
+    ``publish=False`` writes straight into ``folder/name`` with no rename, ``latest`` or retention: used for the
+    staging folder of an s3:// save_folder, where the upload's completion marker plays that role. ``group``: the
+    process group of every collective here (train.async_save writes from a thread with a group of its own, so
+    that its collectives never interleave with the training loop's).
+    """
+    folder = Path(folder)
+    final = folder / name
+    target = folder / f".{name}.partial" if publish else final
+    problem = None
+    if dist.rank() == 0:
+        if publish and final.exists() and not overwrite:
+            problem = (f"save_folder: checkpoint '{final}' already exists (set save_overwrite: true or choose "
+                       "another save_folder)")
+        else:
+            if publish and final.exists():
+                shutil.rmtree(final)
+            shutil.rmtree(target, ignore_errors=True)
+    if (problem := gather_object(problem, group)[0]) is not None:  # every rank stops, none waits for rank 0
+        raise ConfigError(problem)
+    target.mkdir(parents=True, exist_ok=True)  # every rank: a staging folder may be local to each node
+
     try:  # every rank learns whether any rank failed, so none waits for the others at the barrier below
-        dcp.save(state, checkpoint_id=str(target))
-        torch.save({"trainer": trainer_state, "rng": rng, "dataloader": loader_state,
-                    "world_size": dist.world_size(),
-                    "weights_only": weights_only or optimizer is None or skip_optimizer},
-                   target / f"rank{dist.rank()}.pt")
-        if full is not None and dist.rank() == 0:
-            torch.save(full, target / FULL_WEIGHTS)
+        dcp.save(snapshot.state, checkpoint_id=str(target), process_group=group)
+        torch.save(snapshot.small, target / f"rank{dist.rank()}.pt")
+        if snapshot.full is not None and dist.rank() == 0:
+            torch.save(snapshot.full, target / FULL_WEIGHTS)
         if dist.rank() == 0:
             (target / CONFIG_FILE).write_text(yaml.safe_dump(config, sort_keys=False))
             if tokenizer is not None:
@@ -200,12 +237,11 @@ def save_checkpoint(
         problem = None
     except (OSError, RuntimeError, CheckpointException) as error:  # disk full, folder gone, a rank's write failed
         problem = first_line(unwrap(error))
-    if problems := [p for p in dist.all_gather_object(problem) if p is not None]:
+    if problems := [p for p in gather_object(problem, group) if p is not None]:
         shutil.rmtree(target, ignore_errors=True)  # a partial checkpoint is never read; its space is needed
         raise ConfigError(f"save_folder: could not write checkpoint '{name}' in '{folder}' ({problems[0]}); the "
                           "checkpoints saved before it are intact: fix the cause (e.g. free disk space) and run again "
                           "to resume from the newest")
-    dist.barrier()
 
     if publish and dist.rank() == 0:
         os.replace(target, final)
@@ -213,8 +249,24 @@ def save_checkpoint(
         if keep > 0:
             for old in list_checkpoints(folder)[:-keep]:
                 shutil.rmtree(old, ignore_errors=True)
-    dist.barrier()
+    _barrier(group, "barrier after publishing a checkpoint")
     return final
+
+
+def gather_object(obj: Any, group: Any = None) -> list:
+    """Every rank's ``obj`` in rank order, over ``group`` (the default group when None); ``[obj]`` alone."""
+    if not torch.distributed.is_initialized():
+        return [obj]
+    gathered = [None] * torch.distributed.get_world_size(group)
+    with dist.collective("all_gather_object (checkpoint save)"):
+        torch.distributed.all_gather_object(gathered, obj, group=group)
+    return gathered
+
+
+def _barrier(group: Any, op: str) -> None:
+    if torch.distributed.is_initialized():
+        with dist.collective(op):
+            torch.distributed.barrier(group=group)
 
 
 def load_checkpoint(

@@ -14,26 +14,39 @@ from pathlib import Path
 from llmfoundry.core import dist, objectstore
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.train import uploads
-from llmfoundry.train.checkpoint import latest_checkpoint, list_checkpoints, save_checkpoint
+from llmfoundry.train.async_save import AsyncSaver
+from llmfoundry.train.checkpoint import (
+    Snapshot,
+    gather_object,
+    latest_checkpoint,
+    list_checkpoints,
+    take_snapshot,
+    write_snapshot,
+)
 from llmfoundry.train.composer_checkpoint import find_composer_checkpoint
 
 
 class Checkpointer:
     """Saves to a local or ``s3://`` save_folder and finds the checkpoint to resume from.
 
-    Local: :func:`save_checkpoint` with an atomic rename and ``latest``. S3: the checkpoint is written to a local
-    staging folder and uploaded by this rank's background :class:`~llmfoundry.train.uploads.Uploader`; training
-    goes on meanwhile, and the checkpoint becomes ``latest`` only once every rank's files are up.
+    Local: train.checkpoint's atomic rename and ``latest``. S3: the checkpoint is written to a local staging
+    folder and uploaded by this rank's background :class:`~llmfoundry.train.uploads.Uploader`; training goes on
+    meanwhile, and the checkpoint becomes ``latest`` only once every rank's files are up. With
+    ``save_async`` both are done by a background thread (train.async_save) from a copy in host memory.
     """
 
-    def __init__(self, save_folder: str | None, upload_cfg=None, *, keep: int = -1, overwrite: bool = False):
+    def __init__(self, save_folder: str | None, upload_cfg=None, *, keep: int = -1, overwrite: bool = False,
+                 save_async: bool = False):
         self.save_folder = save_folder
+        # save_async: the loop waits only for a host copy; train.async_save writes it in a thread
+        self.background = AsyncSaver() if save_async and save_folder else None
         self.keep = keep
         self.overwrite = overwrite
         self.upload_cfg = upload_cfg
         self.remote = objectstore.is_remote(save_folder)
         self.uploader: uploads.Uploader | None = None
         self.unfinished = 0  # uploads still running when finish() stopped waiting
+        self._announcements: list = []  # what to call once the checkpoint in flight is written (when_written)
         if self.remote:
             self.staging = remote_staging(save_folder, upload_cfg)
             kwargs = {}
@@ -42,14 +55,56 @@ class Checkpointer:
                               max_backoff_s=upload_cfg.max_backoff_s)
             self.uploader = uploads.Uploader(save_folder, dist.rank(), **kwargs)
 
-    def save(self, name: str, **kwargs) -> str:
-        """Write checkpoint ``name`` (collective); returns where it is (or will be, once uploaded)."""
+    def save(self, name: str, *, config: dict, tokenizer, **state) -> str:
+        """Write checkpoint ``name`` (collective; ``state``: train.checkpoint.take_snapshot's arguments); returns
+        where it is (or will be, once written in the background or uploaded)."""
+        where = f"{self.save_folder.rstrip('/')}/{name}" if self.remote else str(Path(self.save_folder) / name)
+        if self.background is None:
+            self._write(name, take_snapshot(**state), config, tokenizer, group=None)
+            return where
+        self.wait()  # one write in flight; its error (a ConfigError) is raised here
+        copied = self.background.snapshot(take_snapshot(**state), state["model"], state.get("optimizer"))
+        files = self.background.tokenizer_files(tokenizer)
+        self.background.start(lambda: self._write(name, copied(), config, files, group=self.background.group))
+        return where
+
+    def _write(self, name: str, snapshot: Snapshot, config: dict, tokenizer, group) -> None:
+        """Write (and for s3://, hand to the uploader) one snapshot; collective over ``group``."""
         if not self.remote:
-            return str(save_checkpoint(self.save_folder, name, overwrite=self.overwrite, keep=self.keep, **kwargs))
-        staged = save_checkpoint(self.staging, name, overwrite=True, publish=False, **kwargs)
-        attempt = dist.broadcast_object(uuid.uuid4().hex[:12] if dist.rank() == 0 else None)
+            write_snapshot(self.save_folder, name, snapshot, config=config, tokenizer=tokenizer,
+                           overwrite=self.overwrite, keep=self.keep, group=group)
+            return
+        staged = write_snapshot(self.staging, name, snapshot, config=config, tokenizer=tokenizer, overwrite=True,
+                                publish=False, group=group)
+        attempt = gather_object(uuid.uuid4().hex[:12] if dist.rank() == 0 else None, group)[0]
         self.uploader.submit(uploads.UploadJob(name, staged, dist.world_size(), self.keep, attempt))
-        return f"{self.save_folder.rstrip('/')}/{name}"
+
+    def wait(self) -> None:
+        """Wait for a background write (save_async) in flight; raise its error. A no-op otherwise."""
+        if self.background is not None:
+            self.background.wait()
+        self._announce()
+
+    def when_written(self, announce) -> None:
+        """Call ``announce()`` (e.g. loggers' log_checkpoint, which may upload the files as an artifact) once the
+        checkpoint just saved is complete: now for a synchronous save, else when the background write is waited
+        for (the next save, a restore, the end of training). An s3:// checkpoint is announced once its staged
+        files are written; loggers reference it by URL."""
+        self._announcements.append(announce)
+        if self.background is None:
+            self._announce()
+
+    def _announce(self) -> None:
+        pending, self._announcements = self._announcements, []
+        for announce in pending:
+            announce()
+
+    @property
+    def note(self) -> str:
+        """What the log line of a save adds: where the checkpoint still is on its way."""
+        if self.remote:
+            return " (uploading)"
+        return " (writing in the background)" if self.background is not None else ""
 
     def check_can_write(self, resuming: bool) -> None:
         """Fail up front, not at the first save in the middle of training, when save_folder would overwrite
@@ -77,7 +132,11 @@ class Checkpointer:
         return uploads.describe(self.uploader)
 
     def finish(self, timeout_s: float) -> bool:
-        """Wait for pending uploads (every rank); False if some did not finish or failed."""
+        """Wait for a background write (raising its error) and pending uploads (every rank); False if some uploads
+        did not finish or failed."""
+        if self.background is not None:
+            self.background.release()
+            self._announce()
         if self.uploader is None:
             return True
         done = self.uploader.wait(timeout_s)

@@ -59,7 +59,8 @@ from llmfoundry.core.errors import ConfigError
 from llmfoundry.core.notices import notice_once
 from llmfoundry.core.precision import DTYPES, low_dtype
 from llmfoundry.models.pretrained_weights import PretrainedWeights
-from llmfoundry.train.settings import CompileConfig, FSDPConfig
+from llmfoundry.train import tensor_parallel
+from llmfoundry.train.settings import CompileConfig, FSDPConfig, TPConfig
 
 log = logging.getLogger(__name__)
 
@@ -134,14 +135,16 @@ def device_mesh(cfg: FSDPConfig, device: torch.device, world_size: int):
 
 
 def apply_fsdp(model: nn.Module, cfg: FSDPConfig, precision: str, device: torch.device, world_size: int,
-               seed: int = 0) -> nn.Module:
+               seed: int = 0, mesh=None) -> nn.Module:
     """fully_shard each block, then the root. A meta-device model whose class has a per-module initialiser
     (``_init_weights``) is materialised one block at a time just before that block is sharded, so a rank never
-    holds more than its shards plus one full block; other meta models are initialised after sharding."""
+    holds more than its shards plus one full block; other meta models are initialised after sharding.
+    ``mesh``: the data-parallel mesh (with tensor parallelism: the dp dimension); default from ``cfg``."""
     reshard = cfg.sharding_strategy in ("FULL_SHARD", "HYBRID_SHARD")
     if cfg.reshard_after_forward is not None:
         reshard = cfg.reshard_after_forward
-    kwargs = dict(mesh=device_mesh(cfg, device, world_size), mp_policy=mixed_precision_policy(cfg, precision),
+    mesh = mesh if mesh is not None else device_mesh(cfg, device, world_size)
+    kwargs = dict(mesh=mesh, mp_policy=mixed_precision_policy(cfg, precision),
                   offload_policy=CPUOffloadPolicy() if cfg.cpu_offload else OffloadPolicy())
     blocks = model.blocks()
     init_module = _module_init(model) if is_meta(model) else None
@@ -264,13 +267,16 @@ def pretrained_files(model: nn.Module) -> PretrainedWeights | None:
 
 # ----------------------------------------------------------------------------------------------- entry point
 def parallelize(model: nn.Module, *, fsdp: FSDPConfig | None, compile_cfg: CompileConfig | None, precision: str,
-                device: torch.device, world_size: int, seed: int) -> nn.Module:
-    """Apply activation checkpointing, compile, FSDP2/DDP to ``model`` (a models.interface.CausalLM); materialise
-    a meta model. Returns the module to call.
+                device: torch.device, world_size: int, seed: int, tp: TPConfig | None = None) -> nn.Module:
+    """Apply activation checkpointing, compile, tensor parallelism, FSDP2/DDP to ``model`` (a
+    models.interface.CausalLM); materialise a meta model. Returns the module to call.
 
-    With FSDP2 the returned module *is* ``model`` (sharded in place); with DDP it wraps ``model``.
+    With FSDP2 or TP the returned module *is* ``model`` (sharded in place); with DDP it wraps ``model``.
     """
     blocks = model.blocks()
+    tp = tp if tp is not None and tp.tensor_parallel_degree > 1 else None
+    if tp is not None:
+        tensor_parallel.check_tensor_parallel(model, tp, fsdp, world_size)
     if fsdp is not None:
         fsdp1_notices(fsdp)
     if fsdp is not None and fsdp.cpu_offload and device.type != "cuda":
@@ -287,7 +293,16 @@ def parallelize(model: nn.Module, *, fsdp: FSDPConfig | None, compile_cfg: Compi
             apply_compile(block, compile_cfg)
 
     meta = is_meta(model)
-    if fsdp is not None and world_size > 1:
+    if tp is not None:  # TP first (on whole weights), then FSDP2 over the data-parallel dimension
+        if meta:
+            materialize(model, device, seed)
+            meta = False
+        mesh = tensor_parallel.tp_mesh(device.type, tp, world_size)
+        tensor_parallel.apply_tensor_parallel(model, tp, mesh["tp"])
+        if fsdp is not None:
+            apply_fsdp(model, fsdp, precision, device, world_size, seed, mesh=mesh["dp"])
+        wrapped = model
+    elif fsdp is not None and world_size > 1:
         if fsdp.sync_module_states and not meta:
             broadcast_from_rank0(model)
         apply_fsdp(model, fsdp, precision, device, world_size, seed)

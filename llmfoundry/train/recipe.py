@@ -147,6 +147,12 @@ class TrainConfig:
     save_num_checkpoints_to_keep: int = option(-1, "keep the newest N checkpoints (-1 = all)")
     save_overwrite: bool = option(False, "allow overwriting checkpoints already in save_folder")
     save_weights_only: bool = option(False, "save model weights only (no optimizer state; resuming restarts the optimizer)")
+    save_async: bool = option(
+        False, "write checkpoints in the background: training waits only while the state is copied to host memory "
+        "(one more host copy of model and optimizer state), then the checkpoint is written (and uploaded) by a "
+        "thread and appears in save_folder/latest once complete; an llmfoundry extension (llm-foundry has no such "
+        "key)"
+    )
     checkpoint_upload: CheckpointUploadConfig = option(
         default_factory=CheckpointUploadConfig, doc="staging and retries for an s3:// save_folder"
     )

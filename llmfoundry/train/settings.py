@@ -122,3 +122,33 @@ class CheckpointUploadConfig:
     initial_backoff_s: float = option(0.5, "first wait before retrying a failed request (doubles each retry)")
     max_backoff_s: float = option(8.0, "longest wait between retries")
     wait_at_end_s: float = option(3600.0, "at the end of training, wait this long for pending uploads")
+
+
+@dataclass(kw_only=True)
+class TPConfig:
+    """``tp_config``: tensor parallelism of the MPT blocks (torch.distributed.tensor.parallel, see
+    train/tensor_parallel.py). The ranks of one TP group train on the same microbatch; data parallelism (FSDP2,
+    ``fsdp_config``) runs across the groups on a 2-D (dp, tp) mesh, dp = world size / tensor_parallel_degree."""
+
+    strategy: Literal["ffn", "block"] = option(
+        "ffn",
+        "ffn = llm-foundry's plan: each block's FFN up_proj column-parallel, down_proj row-parallel; block = also "
+        "q/k/v projections column-parallel by head, out_proj row-parallel, norms sequence-parallel",
+        differs="the TP ranks of a group train on the same microbatch (llm-foundry's ffn plan gathers a batch "
+        "split across them); block needs attn_config.fused_qkv: false",
+    )
+    tensor_parallel_degree: int = option(1, "ranks per TP group (divides the world size and the FFN width; block: "
+                                            "also the query and key/value heads)")
+    layer_plan: dict[str, Any] | None = option(
+        None, "Composer's explicit module -> ParallelStyle plan: not supported (refused); use strategy",
+        differs="refused: plans are built by strategy",
+    )
+
+    def check_settings(self, path: str) -> list[str]:
+        where = f"{path}." if path else ""
+        problems = []
+        if self.tensor_parallel_degree < 1:
+            problems.append(f"{where}tensor_parallel_degree: must be at least 1, got {self.tensor_parallel_degree}")
+        if self.layer_plan is not None:
+            problems.append(f"{where}layer_plan: explicit plans are not supported; use {where}strategy: ffn | block")
+        return problems

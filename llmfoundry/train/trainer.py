@@ -29,7 +29,7 @@ from llmfoundry.data.text import check_token_ids
 from llmfoundry.eval.loaders import evaluate_loader, model_inputs
 from llmfoundry.eval.sections import eval_sections
 from llmfoundry.models.interface import label_offset
-from llmfoundry.models.loss import TokenLoss
+from llmfoundry.models.loss import TokenLoss, aux_loss_sum
 from llmfoundry.models.metrics import LanguageMetrics, eval_metric_names, train_metric_names
 from llmfoundry.train import checkpoint, checkpointer, compat, composer_checkpoint, parallel, preemption
 from llmfoundry.train.builders import (
@@ -128,7 +128,7 @@ class Trainer:
         self.loggers = build_named(registry.loggers, cfg.loggers, self.run_name) if self.dist.is_main else []
         self.checkpointer = checkpointer.Checkpointer(cfg.save_folder, cfg.checkpoint_upload,
                                                     keep=cfg.save_num_checkpoints_to_keep,
-                                                    overwrite=cfg.save_overwrite)
+                                                    overwrite=cfg.save_overwrite, save_async=cfg.save_async)
         self.preemption = preemption.Preemption.from_config(cfg, self.device)  # stop cleanly when asked to
         self.batch: dict[str, torch.Tensor] | None = None  # the device batch being trained on (for callbacks)
 
@@ -209,6 +209,7 @@ class Trainer:
     def restore(self, path: str, weights_only: bool, strict: bool, ignore_keys: list[str] | None) -> None:
         """Load a checkpoint of ours or Composer's into this run (also the load_checkpoint callback's way in)."""
         cfg = self.cfg
+        self.checkpointer.wait()  # a background save (save_async) in flight finishes first
         composer = composer_checkpoint.find_composer_checkpoint(path)
         if composer is not None:  # a checkpoint written by llm-foundry (Composer)
             restored = composer_checkpoint.load_into_training(
@@ -333,6 +334,8 @@ class Trainer:
             self.microbatch_size = max(1, self.microbatch_size // 2)
             log.warning("out of memory: device_train_microbatch_size is now %d", self.microbatch_size)
         loss = float(dist.all_reduce_sum(loss_sum) / targets.clamp(min=1))
+        aux = self._aux_sum  # an MoE's weighted load-balancing loss, logged as llm-foundry does (loss/train/lbl)
+        aux = float(dist.all_reduce_sum(aux) / targets.clamp(min=1)) if aux is not None else None
 
         metrics: dict[str, float] = {}
         skip = any(cb.should_skip_step(self, loss) for cb in self.callbacks)
@@ -369,6 +372,8 @@ class Trainer:
         if not math.isfinite(loss):
             log.warning("non-finite training loss at batch %d", self.time.batch)
         metrics["loss/train/total"] = loss
+        if aux is not None:
+            metrics["loss/train/loss"], metrics["loss/train/lbl"] = loss - aux, aux
         metrics.update(self.train_metrics.compute("metrics/train"))
         metrics.update(self.time.as_metrics())
         metrics.update(self.checkpointer.metrics())
@@ -382,6 +387,7 @@ class Trainer:
         torch.manual_seed(cfg.seed + self.time.batch * self.dist.world_size + self.dist.rank)  # dropout RNG
         num_samples = device_batch["input_ids"].size(0)
         loss_sum = torch.zeros((), device=self.device)
+        self._aux_sum = None
         starts = list(range(0, num_samples, self.microbatch_size))
         for i, start in enumerate(starts):
             micro = {k: v[start:start + self.microbatch_size] for k, v in device_batch.items()}
@@ -389,12 +395,17 @@ class Trainer:
             with parallel.gradient_sync(self.parallel_model, is_last or self.dist.world_size == 1), \
                     parallel.activation_offload(cfg.fsdp_config, self.device):
                 with precision.autocast(cfg.precision, self.device):
-                    logits = self.parallel_model(**self._model_inputs(micro)).logits
+                    output = self.parallel_model(**self._model_inputs(micro))
+                logits = output.logits
                 micro_loss = self.loss(logits, micro["labels"], reduction="sum")
                 if self.train_metrics:
                     self.train_metrics.update(logits, micro["labels"], loss_sum=micro_loss)
                 if not cfg.accumulate_train_batch_on_tokens:  # the microbatch's mean loss, weighted by its samples
                     micro_loss = micro_loss / self.loss.targets(micro["labels"]).clamp(min=1) * len(micro["labels"])
+                aux = aux_loss_sum(output, micro["labels"], self.loss, cfg.accumulate_train_batch_on_tokens)
+                if aux is not None:  # llm-foundry's total: each microbatch's mean loss + moe_loss_weight * lbl
+                    micro_loss = micro_loss + aux
+                    self._aux_sum = aux.detach() if self._aux_sum is None else self._aux_sum + aux.detach()
                 # Normalise by the tokens of the whole global batch; DDP/FSDP average over ranks, so undo that.
                 scaled = micro_loss * self.dist.world_size / targets.clamp(min=1)
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
@@ -460,11 +471,11 @@ class Trainer:
             loader_state=self.train_loader.state_dict(), config=self.config_plain, tokenizer=self.tokenizer,
             weights_only=self.cfg.save_weights_only, ignore=compat.IgnoreKeys(self.cfg.save_ignore_keys),
             full_weights=self.cfg.fsdp_config is not None and self.cfg.fsdp_config.state_dict_type == "full")
-        self._print(f"saved checkpoint {path}" + (" (uploading)" if self.checkpointer.remote else ""))
+        self._print(f"saved checkpoint {path}{self.checkpointer.note}")
         for cb in self.callbacks:
             cb.on_checkpoint_saved(self, str(path))
-        for logger in self.loggers:
-            logger.log_checkpoint(str(path), self.time.epoch, self.time.batch)
+        epoch, batch = self.time.epoch, self.time.batch  # loggers (artifacts) see the checkpoint once it is written
+        self.checkpointer.when_written(lambda: [lg.log_checkpoint(str(path), epoch, batch) for lg in self.loggers])
         return path
 
     def _log(self, metrics: dict[str, float], console: bool) -> None:

@@ -110,10 +110,12 @@ def test_wandb_logs_an_s3_checkpoint_as_a_reference_without_reading_the_bucket(t
     assert [entry.ref for entry in artifact.manifest.contents] == ["s3://no-such-bucket/ck/ep0-ba4/"]
 
 
-def test_wandb_log_artifacts_records_each_checkpoint_the_trainer_saves(recipe, tmp_path, monkeypatch):
+@pytest.mark.parametrize("save_async", [False, True])
+def test_wandb_log_artifacts_records_each_checkpoint_the_trainer_saves(recipe, tmp_path, monkeypatch, save_async):
+    """With save_async the artifact is logged once the background write is complete (its files exist)."""
     monkeypatch.setenv("WANDB_MODE", "offline")
     make_trainer(recipe(eval_loader=None, max_duration="2ba", save_folder=str(tmp_path / "ck"), save_interval="1ba",
-                        loggers={"wandb": {"dir": str(tmp_path), "log_artifacts": True}})).fit()
+                        save_async=save_async, loggers={"wandb": {"dir": str(tmp_path), "log_artifacts": True}})).fit()
     _, records = offline_run(tmp_path)
     artifacts = [r.artifact for r in records["artifact"]]
     assert [(a.name, a.type, sorted(a.aliases)) for a in artifacts] == [

@@ -197,9 +197,10 @@ class Attention(nn.Module):
         if self.qk_ln:
             q, k = self.q_ln(q).to(q.dtype), self.k_ln(k).to(k.dtype)
 
-        q = q.view(B, T, self.n_heads, self.head_dim)
-        k = k.view(B, T, self.kv_heads, self.head_dim)
-        v = v.view(B, T, self.kv_heads, self.head_dim)
+        # heads from the widths: under tensor parallelism (train/tensor_parallel.py) a rank holds n_heads / tp of them
+        q = q.view(B, T, -1, self.head_dim)
+        k = k.view(B, T, -1, self.head_dim)
+        v = v.view(B, T, -1, self.head_dim)
         if self.qk_gn:
             q, k = self.q_ln(q).to(q.dtype), self.k_ln(k).to(k.dtype)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, head_dim)
@@ -210,7 +211,7 @@ class Attention(nn.Module):
             k, v = cache.update(k, v, self.layer_idx)
 
         y = self._attend(q, k, v, mask)  # (B, n_heads, T, head_dim)
-        y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)
+        y = y.transpose(1, 2).reshape(B, T, -1)
         return self.out_proj(y)
 
     def _attend(self, q, k, v, mask: AttentionMask) -> torch.Tensor:

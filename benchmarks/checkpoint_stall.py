@@ -1,0 +1,267 @@
+"""How long a checkpoint save blocks the training loop: save_async against synchronous saves of the same state.
+
+    python benchmarks/checkpoint_stall.py [--repeat 3] [--nproc 1 2] [--d-model 512 --n-layers 4]
+                                          [--results benchmarks/results/checkpoint_stall.md]
+
+Each repeat launches one job per process count and case (2 ranks: torchrun, gloo, FSDP FULL_SHARD; 1: a plain
+process), in which the real Trainer trains the same recipe; the four cases are: synchronous and save_async saves to
+a local save_folder and to an s3:// save_folder on a moto server on 127.0.0.1 (the cases' order rotates from one
+repeat to the next, so drift of the machine does not favour one). A case's stall is the median over its saves of
+the time the loop was blocked by the save: the wall time of ``Trainer.save`` (which also waits for the previous
+background write, if still running) plus, with save_async, the time the next optimizer step waited for the copy
+of the parameters and optimizer state to host memory. The table gives the median over repeats and the ratio
+stall(async) / stall(sync) of the same destination, whose target is <= 0.10.
+
+Contention: a background write shares the CPU with training. ``step busy`` / ``step idle`` are the median step
+times of the async run with and without a background write or upload in flight, and ``slowdown`` their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+CASES = ("sync local", "async local", "sync s3", "async s3")
+BUCKET = "stall"
+TARGET = 0.10
+
+
+# ----------------------------------------------------------------------------------------------- worker
+def run_cases(spec: dict) -> dict:
+    """In a (torchrun) process: train the recipe once per case, timing every save and step."""
+    from llmfoundry.core import dist
+    from tests.helpers import make_trainer, tiny_recipe
+
+    results = {}
+    for case in spec["cases"]:
+        mode, where = case.split()
+        folder = (f"s3://{BUCKET}/{spec['tag']}/{mode}" if where == "s3" else str(Path(spec["work"]) / spec["tag"] /
+                                                                                 mode))
+        recipe = tiny_recipe(
+            Path(spec["mds"]), Path(spec["tokenizer"]), eval_loader=None, python_log_level=None,
+            model={"name": "mpt_causal_lm", "d_model": spec["d_model"], "n_heads": 8, "n_layers": spec["n_layers"],
+                   "expansion_ratio": 4, "max_seq_len": 64, "vocab_size": 512,
+                   "attn_config": {"attn_impl": "torch", "alibi": True}, "learned_pos_emb": False},
+            global_train_batch_size=spec["nproc"], device_train_microbatch_size=1, precision="fp32",
+            max_duration=f"{spec['warmup'] + spec['saves'] * spec['interval']}ba",
+            save_interval=f"{spec['interval']}ba", save_folder=folder, save_async=mode == "async",
+            checkpoint_upload={"staging_folder": str(Path(spec["work"]) / spec["tag"] / f"staging-{mode}")},
+            fsdp_config={"sharding_strategy": "FULL_SHARD", "mixed_precision": "FULL"} if spec["nproc"] > 1 else None)
+        trainer = make_trainer(recipe)
+        saves, waits, steps = [], [], []
+        save, train_step = trainer.save, trainer.train_step
+
+        def timed_save():
+            start = time.perf_counter()
+            path = save()
+            saves.append(time.perf_counter() - start)
+            waits.append(0.0)
+            return path
+
+        def timed_step(batch):
+            busy = background_busy(trainer)
+            blocked = blocked_s(trainer)
+            start = time.perf_counter()
+            metrics = train_step(batch)
+            steps.append((time.perf_counter() - start, busy or background_busy(trainer)))
+            if saves and blocked_s(trainer) > blocked:  # the optimizer step waited for the save's copy: a stall
+                waits[-1] += blocked_s(trainer) - blocked
+            return metrics
+
+        trainer.save, trainer.train_step = timed_save, timed_step
+        trainer.fit()
+        state_mb = state_bytes(trainer) / 2**20
+        steps = steps[spec["warmup"]:]  # the first steps include one-time start-up work
+        results[case] = {
+            "stall_s": statistics.median(s + w for s, w in zip(saves, waits)), "first_save_s": saves[0] + waits[0],
+            "step_wait_s": statistics.median(waits), "saves": len(saves),
+            "step_busy_s": median_or_none([t for t, b in steps if b]),
+            "step_idle_s": median_or_none([t for t, b in steps if not b]),
+            "state_mb": dist_sum(state_mb),
+        }
+        del trainer
+    dist.barrier()
+    return results
+
+
+def background_busy(trainer) -> bool:
+    """A background write (save_async) or an upload (s3://) is in flight on this rank."""
+    checkpointer = trainer.checkpointer
+    writing = checkpointer.background is not None and checkpointer.background.busy()
+    return writing or (checkpointer.uploader is not None and checkpointer.uploader.pending() > 0)
+
+
+def blocked_s(trainer) -> float:
+    """How long optimizer steps have waited for a save_async copy (train.async_save)."""
+    background = trainer.checkpointer.background
+    return background.blocked_s if background is not None else 0.0
+
+
+def state_bytes(trainer) -> int:
+    """Bytes of this rank's model and optimizer state (what a checkpoint holds)."""
+    import torch
+
+    def local(t):
+        return t.to_local() if hasattr(t, "to_local") else t
+
+    tensors = [local(p) for p in trainer.model.parameters()]
+    tensors += [local(v) for state in trainer.optimizer.state.values() for v in state.values()
+                if isinstance(v, torch.Tensor)]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def dist_sum(value: float) -> float:
+    import torch
+
+    from llmfoundry.core import dist
+
+    return float(dist.all_reduce_sum(torch.tensor(value, dtype=torch.float64)))
+
+
+def median_or_none(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def worker_main(spec_path: str) -> None:
+    spec = json.loads(Path(spec_path).read_text())
+    results = run_cases(spec)
+    if int(os.environ.get("RANK", "0")) == 0:
+        Path(spec["out"]).write_text(json.dumps(results))
+
+
+# ----------------------------------------------------------------------------------------------- orchestration
+def make_world(work: Path):
+    import boto3
+
+    from llmfoundry.data.tokenizer_training import train_bpe_tokenizer
+    from tests.conftest import MotoS3Server
+    from tests.helpers import TINY_RECIPE_SEQ, convert_text_folder, make_corpus, write_text_folder
+
+    corpus = make_corpus(400)
+    tokenizer = work / "tokenizer"
+    train_bpe_tokenizer(corpus, vocab_size=512, out_dir=tokenizer)
+    mds = work / "mds"
+    convert_text_folder(write_text_folder(work / "text", corpus), mds / "train", tokenizer, TINY_RECIPE_SEQ)
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request of the moto server
+    s3 = MotoS3Server()
+    s3.start()
+    env = {"AWS_ACCESS_KEY_ID": "stall", "AWS_SECRET_ACCESS_KEY": "stall", "AWS_DEFAULT_REGION": "us-east-1",
+           "S3_ENDPOINT_URL": s3.url, "AWS_ENDPOINT_URL_S3": s3.url}
+    boto3.client("s3", endpoint_url=s3.url, aws_access_key_id="stall", aws_secret_access_key="stall",
+                 region_name="us-east-1").create_bucket(Bucket=BUCKET)
+    return mds, tokenizer, s3, env
+
+
+def run_job(args, work: Path, mds: Path, tokenizer: Path, env: dict, nproc: int, repeat: int) -> dict:
+    """The cases of one repeat, each in a job of its own (streaming's shared memory of one run's loaders is not
+    always released in time for the next run's in the same process)."""
+    shift = repeat % len(CASES)
+    results = {}
+    for case in CASES[shift:] + CASES[:shift]:
+        results.update(run_case(args, work, mds, tokenizer, env, nproc, repeat, case))
+    return results
+
+
+def run_case(args, work: Path, mds: Path, tokenizer: Path, env: dict, nproc: int, repeat: int, case: str) -> dict:
+    from tests.dist.helpers import torchrun_args, worker_env
+
+    tag = f"n{nproc}-r{repeat}-{case.replace(' ', '-')}"
+    spec = {"cases": [case], "work": str(work), "mds": str(mds),
+            "tokenizer": str(tokenizer), "tag": tag, "nproc": nproc, "d_model": args.d_model,
+            "n_layers": args.n_layers, "warmup": args.warmup, "saves": args.saves, "interval": args.interval,
+            "out": str(work / f"{tag}.json")}
+    spec_path = work / f"{tag}-spec.json"
+    spec_path.write_text(json.dumps(spec))
+    entry = [*torchrun_args(nproc)] if nproc > 1 else [sys.executable]
+    log = work / f"{tag}.log"
+    with open(log, "w") as out:
+        rc = subprocess.run([*entry, str(Path(__file__).resolve()), "--worker", str(spec_path)], cwd=work,
+                            env={**worker_env(), **env, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1",
+                                 "TOKENIZERS_PARALLELISM": "false"}, stdout=out, stderr=subprocess.STDOUT).returncode
+    if rc != 0:
+        lines = log.read_text().splitlines()
+        errors = [line for line in lines if "Error" in line or "error:" in line]
+        raise SystemExit(f"job {tag} failed ({rc}):\n" + "\n".join(errors[:20] + lines[-40:]))
+    return json.loads(Path(spec["out"]).read_text())
+
+
+def fmt(value: float | None, unit: str = "s") -> str:
+    if value is None:
+        return "-"
+    return f"{value * 1000:.0f} ms" if unit == "s" else f"{value:.2f}"
+
+
+def table(runs: dict[int, list[dict]]) -> tuple[str, bool]:
+    """The markdown table (medians over repeats) and whether every ratio meets the target."""
+    lines = ["| ranks | case | state (MB) | stall (median of runs) | per run (ms) | of which next step waited | "
+             "ratio async/sync | step idle | step busy | slowdown |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    ok = True
+    for nproc, repeats in runs.items():
+        med = {case: statistics.median(r[case]["stall_s"] for r in repeats) for case in CASES}
+        for case in CASES:
+            per_run = ", ".join(f"{r[case]['stall_s'] * 1000:.0f}" for r in repeats)
+            ratio = ratio_text = "-"
+            if case.startswith("async"):
+                ratio = med[case] / med[case.replace("async", "sync")]
+                ok = ok and ratio <= TARGET
+                ratio_text = f"**{ratio:.3f}**" + ("" if ratio <= TARGET else " (over target)")
+            idle = median_or_none([r[case]["step_idle_s"] for r in repeats if r[case]["step_idle_s"] is not None])
+            busy = median_or_none([r[case]["step_busy_s"] for r in repeats if r[case]["step_busy_s"] is not None])
+            slowdown = f"{busy / idle:.2f}x" if busy and idle else "-"
+            waited = statistics.median(r[case]["step_wait_s"] for r in repeats)
+            lines.append(f"| {nproc} | {case} | {repeats[0][case]['state_mb']:.0f} | {fmt(med[case])} | {per_run} | "
+                         f"{fmt(waited)} | {ratio_text} | {fmt(idle)} | {fmt(busy)} | {slowdown} |")
+    return "\n".join(lines), ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--nproc", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--d-model", type=int, default=512)
+    parser.add_argument("--n-layers", type=int, default=4)
+    parser.add_argument("--warmup", type=int, default=2, help="steps before the first timed one")
+    parser.add_argument("--saves", type=int, default=3, help="saves per case")
+    parser.add_argument("--interval", type=int, default=5, help="steps between saves")
+    parser.add_argument("--results", help="also write the command and table to this markdown file")
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker_main(args.worker)
+        return 0
+    with tempfile.TemporaryDirectory(prefix="checkpoint-stall-") as tmp:
+        work = Path(tmp)
+        mds, tokenizer, s3, env = make_world(work)
+        runs: dict[int, list[dict]] = {n: [] for n in args.nproc}
+        try:
+            for repeat in range(args.repeat):
+                for nproc in args.nproc:
+                    runs[nproc].append(run_job(args, work, mds, tokenizer, env, nproc, repeat))
+                    print(f"repeat {repeat + 1}/{args.repeat}, {nproc} rank(s): " + ", ".join(
+                        f"{c} {v['stall_s'] * 1000:.0f} ms" for c, v in runs[nproc][-1].items()), flush=True)
+        finally:
+            s3.stop()
+    text, ok = table(runs)
+    command = "python benchmarks/checkpoint_stall.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    print(f"\n{command}\n\n{text}\n\ntarget: stall(async) / stall(sync) <= {TARGET}: {'met' if ok else 'NOT met'}")
+    if args.results:
+        Path(args.results).write_text(f"# Checkpoint stall: save_async against synchronous saves\n\n```\n"
+                                      f"{command.strip()}\n```\n\n{text}\n\ntarget <= {TARGET}: "
+                                      f"{'met' if ok else 'NOT met'}\n")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

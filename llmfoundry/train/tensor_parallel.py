@@ -1,0 +1,178 @@
+"""Tensor parallelism (``tp_config``) of the MPT blocks with ``torch.distributed.tensor.parallel``.
+
+The ranks are laid out on a 2-D ``(dp, tp)`` mesh, ``tp = tensor_parallel_degree`` consecutive ranks per TP group
+(one node's fast links), ``dp = world / tp`` groups. The ranks of one TP group compute on the SAME microbatch:
+the data loader must deal batches by data-parallel rank (``data_parallel(rank, world)``), and the global batch
+splits across ``dp`` ranks, not ``world``. (llm-foundry's ``ffn`` plan instead feeds each TP rank its own samples
+and gathers them along the batch dimension before the FFN; replicated inputs give the same sums without the gather,
+and are what attention needs.) TP is applied first, then FSDP2 shards over the ``dp`` dimension (torchtitan's
+order), so a block's parameters are 2-D DTensors (Shard(0) on dp; tp: as the plan says).
+
+Strategies (of each block; embeddings, the final norm and the output head stay replicated on every TP rank):
+
+=======  ==================================================================================================
+ffn      llm-foundry's: ``ffn.up_proj`` (and ``gate_proj``) column-parallel, ``ffn.down_proj`` row-parallel
+         (one all-reduce of the FFN output per block)
+block    also attention: ``q_proj`` / ``k_proj`` / ``v_proj`` column-parallel (each rank computes
+         ``n_heads / tp`` query and ``kv_heads / tp`` key/value heads), ``out_proj`` row-parallel; the
+         residual stream inside the block is split along the sequence (sequence parallelism), so ``norm_1`` /
+         ``norm_2`` run on ``T / tp`` positions per rank; the block's output is gathered again (all-gather).
+=======  ==================================================================================================
+
+``block`` needs ``attn_config.fused_qkv: false``: a column split of the fused Wqkv would hand rank 0 all the q
+columns and rank 1 the k|v ones; re-ordering its rows per rank would make the checkpoint's Wqkv depend on the TP
+degree. Neither ALiBi nor qk_ln (a norm over all heads) is split yet: refused with ``block``. MoE FFNs: refused.
+
+Every collective used (all-reduce, all-gather, reduce-scatter of DTensor redistribution, FSDP2's) exists in gloo,
+so CPU runs are exact tests of the same code. Gradients then live on several meshes (blocks: (dp, tp); the rest:
+dp under FSDP2, plain tensors without it), which torch's ``get_total_norm`` / ``clip_grads_with_norm_`` refuse
+(one foreach call over all of them): ``total_norm`` and ``clip_grads_`` work per mesh.
+
+Dropout: the trainer must seed the ranks of a TP group alike (the replicated parts must draw the same masks); the
+sharded parts (attention heads, out_proj / down_proj outputs split along the sequence) then draw masks of the same
+RNG stream on each rank, so with ``block`` the masks of matching heads / positions repeat across TP ranks.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    PrepareModuleInputOutput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+from llmfoundry.core.errors import ConfigError
+from llmfoundry.train.settings import FSDPConfig, TPConfig
+
+# Sharding strategies of fsdp_config that FSDP2 applies over one (dp) mesh dimension next to TP
+FSDP_WITH_TP = ("FULL_SHARD", "SHARD_GRAD_OP")
+
+
+def data_parallel(tp: TPConfig | None, rank: int, world_size: int) -> tuple[int, int]:
+    """(data-parallel rank, data-parallel world size): what the data loader and the batch split must use; the
+    ranks of one TP group share a data-parallel rank, hence their batches."""
+    degree = tp.tensor_parallel_degree if tp is not None else 1
+    return rank // degree, world_size // degree
+
+
+def check_tensor_parallel(model: nn.Module, tp: TPConfig, fsdp: FSDPConfig | None, world_size: int) -> None:
+    """One-line ConfigErrors for what this plan cannot split exactly."""
+    degree = tp.tensor_parallel_degree
+    if world_size % degree:
+        raise ConfigError(f"tp_config.tensor_parallel_degree: {degree} does not divide the world size {world_size} "
+                          f"(use a divisor of it)")
+    arch = getattr(model, "arch", None)
+    if arch is None or not hasattr(arch, "attn_config") or not hasattr(arch, "ffn_config"):
+        raise ConfigError(f"tp_config: tensor parallelism has a plan for MPT models only, not {type(model).__name__} "
+                          "(remove tp_config, or use model.name: mpt_causal_lm)")
+    f, a = arch.ffn_config, arch.attn_config
+    if f.ffn_type not in ("mptmlp", "mptglu"):
+        raise ConfigError(f"tp_config: ffn_config.ffn_type: {f.ffn_type} (mixture of experts) has no tensor-parallel "
+                          "plan yet (remove tp_config)")
+    if arch.ffn_hidden % degree:
+        raise ConfigError(f"tp_config.tensor_parallel_degree: {degree} does not divide the FFN width "
+                          f"{arch.ffn_hidden}")
+    if world_size // degree > 1 and fsdp is None:
+        raise ConfigError(f"tp_config: {world_size // degree} data-parallel groups need fsdp_config (FSDP2 across "
+                          f"TP groups; DDP does not take tensor-parallel parameters)")
+    if fsdp is not None and world_size // degree > 1 and fsdp.sharding_strategy not in FSDP_WITH_TP:
+        raise ConfigError(f"tp_config: fsdp_config.sharding_strategy: {fsdp.sharding_strategy} with tensor "
+                          f"parallelism is not supported (use {' or '.join(FSDP_WITH_TP)})")
+    if tp.strategy != "block":
+        return
+    if a.fused_qkv:
+        raise ConfigError("tp_config.strategy: block splits q/k/v by head; set model.attn_config.fused_qkv: false "
+                          "(a column split of the fused Wqkv would mix q, k and v across ranks)")
+    for name, heads in (("n_heads", arch.n_heads), ("kv heads", arch.kv_heads)):
+        if heads % degree:
+            raise ConfigError(f"tp_config.tensor_parallel_degree: {degree} does not divide the model's {name} "
+                              f"({heads}); use a divisor of it, or strategy: ffn")
+    if a.alibi or a.qk_ln:
+        raise ConfigError("tp_config.strategy: block does not split ALiBi biases or qk_ln (a norm over all heads) "
+                          "yet; use strategy: ffn")
+
+
+def tp_mesh(device_type: str, tp: TPConfig, world_size: int) -> DeviceMesh:
+    """The 2-D (dp, tp) mesh: TP groups of consecutive ranks."""
+    degree = tp.tensor_parallel_degree
+    return init_device_mesh(device_type, (world_size // degree, degree), mesh_dim_names=("dp", "tp"))
+
+
+def ffn_plan(ffn: nn.Module, prefix: str = "ffn.", output=None) -> dict:
+    """Column-parallel up (and gate) projection, row-parallel down projection: one all-reduce (or reduce-scatter
+    along the sequence, ``output=Shard(1)``) of the FFN output."""
+    plan = {f"{prefix}up_proj": ColwiseParallel(),
+            f"{prefix}down_proj": RowwiseParallel(output_layouts=output or Replicate())}
+    if hasattr(ffn, "gate_proj"):
+        plan[f"{prefix}gate_proj"] = ColwiseParallel()
+    return plan
+
+
+def block_plan(block: nn.Module) -> dict:
+    """Attention by heads, FFN by columns, norms along the sequence (the block's input arrives replicated and is
+    split along T by the block's own input hook; see apply_tensor_parallel)."""
+    seq, rep = Shard(1), Replicate()
+    plan = {
+        "norm_1": SequenceParallel(),
+        # attn(x, mask, rope, cache): only x is a tensor to redistribute (the sequence is gathered for attention)
+        "attn": PrepareModuleInput(input_layouts=(seq, None, None, None),
+                                   desired_input_layouts=(rep, None, None, None)),
+        "attn.q_proj": ColwiseParallel(),
+        "attn.k_proj": ColwiseParallel(),
+        "attn.v_proj": ColwiseParallel(),
+        "attn.out_proj": RowwiseParallel(output_layouts=seq),
+        "norm_2": SequenceParallel(),
+        "ffn": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(rep,)),
+    }
+    plan.update(ffn_plan(block.ffn, output=seq))
+    return plan
+
+
+def apply_tensor_parallel(model: nn.Module, tp: TPConfig, mesh: DeviceMesh) -> None:
+    """Shard each block's projections over ``mesh`` (the TP dimension) in place."""
+    for block in model.blocks():
+        if tp.strategy == "ffn":
+            parallelize_module(block, mesh, ffn_plan(block.ffn))
+            continue
+        # The residual stream enters replicated; each rank keeps its T / tp positions (a slice, no communication)
+        # and the block's output is all-gathered back, so everything outside the blocks is unchanged.
+        parallelize_module(block, mesh, PrepareModuleInputOutput(
+            input_layouts=(Replicate(), None, None, None), desired_input_layouts=(Shard(1), None, None, None),
+            output_layouts=Shard(1), desired_output_layouts=Replicate(), use_local_input=True, use_local_output=True))
+        parallelize_module(block, mesh, block_plan(block))
+
+
+def total_norm(grads: list, norm_type: float) -> torch.Tensor:
+    """The norm of all ``grads`` together, as a plain tensor, when they mix DTensors of several meshes (TP blocks
+    on (dp, tp), the rest on dp under FSDP2) and plain tensors (TP without FSDP): torch's ``get_total_norm`` stacks
+    them into one foreach call, which DTensor refuses. Each mesh's norm is reduced on its own, then combined."""
+    groups: dict = {}
+    for grad in grads:
+        groups.setdefault(getattr(grad, "device_mesh", None), []).append(grad)
+    norms = []
+    for group in groups.values():
+        norm = torch.nn.utils.get_total_norm(group, norm_type)
+        norms.append(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    if not norms:
+        return torch.zeros(())
+    stacked = torch.stack(norms)
+    return stacked.max() if math.isinf(norm_type) else torch.linalg.vector_norm(stacked, norm_type)
+
+
+@torch.no_grad()
+def clip_grads_(params: list, max_norm: float, total: torch.Tensor) -> None:
+    """``clip_grads_with_norm_`` for gradients on several meshes: each local shard is scaled by the same factor
+    (scaling a Shard / Replicate DTensor is scaling its local tensors)."""
+    coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+    grads = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for p in params if p.grad is not None]
+    if grads:
+        torch._foreach_mul_(grads, coef.to(grads[0].device))

@@ -1,0 +1,89 @@
+"""save_async: checkpoints written in the background hold the state of their step, resume bitwise, and their
+failures are raised, never lost."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llmfoundry.core.errors import ConfigError
+from llmfoundry.train import uploads
+from tests.helpers import S3_TEST_BUCKET, make_trainer, weights
+from tests.dist.helpers import checkpoint_weights
+
+
+def test_async_checkpoints_equal_synchronous_ones_and_resume_bitwise(recipe, tmp_path):
+    sync = make_trainer(recipe(eval_loader=None, save_folder=str(tmp_path / "sync"), save_interval="2ba"))
+    sync.fit()
+    background = make_trainer(recipe(eval_loader=None, save_folder=str(tmp_path / "async"), save_interval="2ba",
+                                     save_async=True))
+    background.fit()
+    assert (tmp_path / "async" / "latest").read_text().strip() == "ep1-ba12"
+    # Each checkpoint holds its own step's state, although training went on while it was written.
+    for name in ("ep0-ba4", "ep1-ba12"):
+        expected, got = checkpoint_weights(tmp_path / "sync" / name), checkpoint_weights(tmp_path / "async" / name)
+        assert expected.keys() == got.keys()
+        assert all(torch.equal(expected[k], got[k]) for k in expected), name
+    resumed = make_trainer(recipe(eval_loader=None, load_path=str(tmp_path / "async" / "ep0-ba4"), save_async=True,
+                                  save_folder=str(tmp_path / "resumed"), save_interval="3ba"))
+    assert resumed.time.batch == 4
+    resumed.fit()
+    expected, got = weights(sync), weights(resumed)
+    assert all(torch.equal(expected[k], got[k]) for k in expected)
+
+
+@pytest.mark.parametrize("save_async", [False, True])
+def test_a_failed_background_write_is_raised_as_the_synchronous_error(recipe, tmp_path, save_async):
+    folder = tmp_path / "run"
+    make_trainer(recipe(eval_loader=None, max_duration="4ba", save_folder=str(folder), save_interval="2ba")).fit()
+    (folder / "latest").write_text("ep0-ba2\n")  # autoresume from ba2: the save at ba4 finds ep0-ba4 in its way
+    trainer = make_trainer(recipe(eval_loader=None, max_duration="6ba", save_folder=str(folder), save_interval="2ba",
+                                  autoresume=True, save_async=save_async))
+    assert trainer.time.batch == 2
+    with pytest.raises(ConfigError, match="checkpoint '.*ep0-ba4' already exists"):
+        trainer.fit()  # async: raised by the next save (at batch 6), never lost
+    assert trainer.time.batch == (6 if save_async else 4)
+    assert not (folder / "ep0-ba6").exists()  # nothing is written after a failed save
+    assert (folder / "latest").read_text().strip() == "ep0-ba2"
+
+
+@pytest.mark.s3
+def test_async_save_to_s3_marks_checkpoints_complete_and_resumes(recipe, s3_server, tmp_path):
+    url = f"s3://{S3_TEST_BUCKET}/runs/async"
+    common = dict(eval_loader=None, scheduler=None, save_folder=url, save_interval="2ba", save_async=True,
+                  save_num_checkpoints_to_keep=2)
+    make_trainer(recipe(max_duration="6ba", checkpoint_upload={"staging_folder": str(tmp_path / "a")},
+                        **common)).fit()
+    folder = uploads.RemoteCheckpoints(url)
+    assert folder.complete_checkpoints() == ["ep0-ba4", "ep0-ba6"]
+    assert folder.read_text("latest").strip() == "ep0-ba6"
+    resumed = make_trainer(recipe(max_duration="8ba", autoresume=True,
+                                  checkpoint_upload={"staging_folder": str(tmp_path / "b")}, **common))
+    assert resumed.time.batch == 6
+    resumed.fit()
+    straight = make_trainer(recipe(eval_loader=None, scheduler=None, max_duration="8ba"))
+    straight.fit()
+    expected, got = weights(straight), weights(resumed)
+    assert all(torch.equal(expected[k], got[k]) for k in expected)
+
+
+def test_the_optimizer_step_after_a_save_waits_for_the_copy_of_the_state():
+    from llmfoundry.train.async_save import AsyncSaver
+    from llmfoundry.train.checkpoint import take_snapshot
+
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.BatchNorm1d(1024))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(4, 1024)).sum().backward()
+    optimizer.step()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    saver = AsyncSaver()
+    copied = saver.snapshot(take_snapshot(model=model, optimizer=optimizer, trainer_state={}, loader_state=None),
+                            model, optimizer)
+    model(torch.randn(4, 1024)).sum().backward()  # changes the BatchNorm buffers: copied before snapshot returned
+    optimizer.step()  # changes the parameters and the optimizer state: waits for their copy first
+    snapshot = copied()
+    assert snapshot.state["model"].keys() == before.keys()
+    assert all(torch.equal(snapshot.state["model"][k], before[k]) for k in before)
+    assert not torch.equal(model[0].weight, before["0.weight"])
+    assert int(snapshot.state["optimizer"]["state"]["0.weight"]["step"]) == 1
+
