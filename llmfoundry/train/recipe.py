@@ -119,6 +119,11 @@ class TrainConfig:
     fsdp_config: FSDPConfig | None = option(
         None, "shard the model with FSDP2 (fully_shard per block, then the root); none = DDP on several ranks"
     )
+    tp_config: dict[str, Any] | None = option(
+        None, "tensor parallelism (llm-foundry's strategy, tensor_parallel_degree)",
+        unsupported="tensor parallelism in training (#15: the plans exist in train/tensor_parallel.py, not yet wired "
+        "into the trainer)",
+    )
     compile_config: CompileConfig | None = option(None, "torch.compile each block ({} = defaults; none = eager)")
     dist_timeout: PositiveFloat = option(600.0, "seconds to wait for other ranks before failing")
     # --- logging ---
