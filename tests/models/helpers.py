@@ -60,3 +60,12 @@ def write_pretrained_folders(root: Path) -> Path:
                 p.normal_()
     lora.save_pretrained(root / "lora")
     return root
+
+
+def padded_tokens() -> tuple[torch.Tensor, torch.Tensor]:
+    """Two rows of 24 random token ids (2..511) and their attention mask; the second row is left-padded by 5."""
+    torch.manual_seed(5)
+    x = torch.randint(2, 512, (2, 24))
+    mask = torch.ones_like(x)
+    x[1, :5], mask[1, :5] = 1, 0
+    return x, mask

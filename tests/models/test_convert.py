@@ -12,7 +12,7 @@ from llmfoundry.models.hf_import import arch_from_transformers, from_transformer
 from llmfoundry.models.mpt import MPTModelSettings
 from llmfoundry.models.mpt.config import AttnConfig
 from llmfoundry.registry import models
-from tests.models.helpers import randomize_norms, tiny_model
+from tests.models.helpers import padded_tokens, randomize_norms, tiny_model
 
 ALIBI_MHA_GELU = dict(learned_pos_emb=False, n_heads=6, d_model=48, attn_config={"alibi": True, "clip_qkv": 6.0})
 ROPE_GQA_SWIGLU = dict(
@@ -34,14 +34,6 @@ def _ours(overrides):
     return model
 
 
-def _inputs():
-    torch.manual_seed(5)
-    x = torch.randint(2, 512, (2, 24))
-    mask = torch.ones_like(x)
-    x[1, :5], mask[1, :5] = 1, 0  # one left-padded row
-    return x, mask
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_exported_folder_loads_natively_with_identical_logits(case, tmp_path, tokenizer):
     overrides, cls = CASES[case]
@@ -51,7 +43,7 @@ def test_exported_folder_loads_natively_with_identical_logits(case, tmp_path, to
     assert (tmp_path / "tokenizer.json").is_file()
     theirs = AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=False).eval()
     assert type(theirs) is cls
-    x, mask = _inputs()
+    x, mask = padded_tokens()
     keep = mask.bool()
     # Positions count from each row's first real token, as transformers' generate() passes them (this matters
     # for learned absolute positions; ALiBi and RoPE are relative).

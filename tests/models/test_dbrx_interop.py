@@ -13,7 +13,7 @@ from llmfoundry.models.hf_export import export_hf, to_transformers
 from llmfoundry.models.hf_import import from_transformers, load_as_mpt
 from llmfoundry.models.mpt import MPTModelSettings
 from llmfoundry.registry import models
-from tests.models.helpers import randomize_norms, tiny_model
+from tests.models.helpers import padded_tokens, randomize_norms, tiny_model
 
 # DBRX's architecture at toy size: RoPE, GQA, clip_qkv, bias-free LayerNorm, top-2 of 4 GLU experts
 MOE = dict(
@@ -52,14 +52,6 @@ def _dbrx(seed: int = 3) -> DbrxForCausalLM:
     return model
 
 
-def _inputs():
-    torch.manual_seed(5)
-    x = torch.randint(2, 512, (2, 24))
-    mask = torch.ones_like(x)
-    x[1, :5], mask[1, :5] = 1, 0  # one left-padded row
-    return x, mask
-
-
 def _logits(model, x, mask):
     if isinstance(model, DbrxForCausalLM):  # positions from each row's first real token, as ours and generate() count
         return model(x, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
@@ -78,7 +70,7 @@ def test_moe_mpt_exports_to_native_dbrx_with_the_same_logits(tmp_path, tokenizer
     assert config["attn_config"]["rope_theta"] == config["rope_parameters"]["rope_theta"] == 500.0
     theirs = AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=False).eval()
     assert type(theirs) is DbrxForCausalLM
-    x, mask = _inputs()
+    x, mask = padded_tokens()
     assert _max_diff(theirs, ours, x, mask) <= 1e-4
     # the check can fail: a model whose routing differs gives other logits
     with torch.no_grad():
@@ -94,7 +86,7 @@ def test_native_dbrx_imports_as_moe_mpt_with_the_same_logits(tmp_path, tokenizer
     assert (f.ffn_type, f.mlp_type, f.moe_num_experts, f.moe_top_k, f.moe_normalize_expert_weights) == (
         "mb_dmoe", "glu", 4, 2, 2.0)
     assert (ours.arch.kv_heads, a.rope_theta, a.clip_qkv, ours.arch.tie_word_embeddings) == (2, 700.0, 0.5, False)
-    x, mask = _inputs()
+    x, mask = padded_tokens()
     assert _max_diff(theirs, ours, x, mask) <= 1e-4
     # a recipe can start from the DBRX folder (model.name: mpt_causal_lm, pretrained_model_name_or_path)
     settings = MPTModelSettings(pretrained_model_name_or_path=str(tmp_path), vocab_size=512)
@@ -106,7 +98,7 @@ def test_round_trips_keep_every_tensor():
     ours = _ours(tie_word_embeddings=False, attn_config={"fused_qkv": False})
     back = from_transformers(to_transformers(ours))
     assert back.arch.attn_config.fused_qkv  # DBRX's Wqkv comes back fused: the same function
-    x, mask = _inputs()
+    x, mask = padded_tokens()
     assert _max_diff(back, ours, x, mask) <= 1e-5
 
     theirs = _dbrx()
@@ -168,7 +160,7 @@ def test_rope_scaling_travels_both_ways():
     ours = _ours(attn_config={"rope_impl": "hf", "rope_hf_config": {"type": "linear", "factor": 4.0}})
     theirs = to_transformers(ours)
     assert theirs.config.rope_parameters == {"rope_type": "linear", "factor": 4.0, "rope_theta": 500.0}
-    x, mask = _inputs()
+    x, mask = padded_tokens()
     assert _max_diff(theirs, ours, x, mask) <= 1e-4
     back = from_transformers(theirs)
     assert back.arch.attn_config.rope_hf_config == {"type": "linear", "factor": 4.0}
@@ -181,6 +173,6 @@ def test_expert_activations_keep_their_meaning(ffn_type, act, hf_name):
     ours = _ours(ffn_config={"ffn_type": ffn_type, "ffn_act_fn": act})
     theirs = to_transformers(ours)
     assert theirs.config.ffn_config.ffn_act_fn == {"name": hf_name}
-    x, mask = _inputs()
+    x, mask = padded_tokens()
     assert _max_diff(theirs, ours, x, mask) <= 1e-4
     assert _max_diff(from_transformers(theirs), ours, x, mask) <= 1e-5
