@@ -56,6 +56,7 @@ from llmfoundry.eval.icl.scoring import (
     supports_packed,
 )
 from llmfoundry.eval.icl.tasks import Example, GenerationTask, ICLTask, build_task
+from llmfoundry.models.interface import context_length
 
 log = logging.getLogger(__name__)
 
@@ -210,6 +211,7 @@ class ICLEvaluator:
             max_batch_tokens=self.max_batch_tokens,
             use_kv_cache=mode == "kv",
             packed=mode == "packed",
+            max_width=context_length(model),
             sync_calls=sync_calls,
             dummy_forward=dummy_forward,
         )

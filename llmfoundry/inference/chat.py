@@ -25,11 +25,11 @@ from llmfoundry.data.finetuning import CHATML_TEMPLATE
 from llmfoundry.inference.sampling import (
     add_sampling_arguments,
     check_sampling_arguments,
-    context_length,
     position_limit,
     sampling_options,
 )
 from llmfoundry.loading import load_model
+from llmfoundry.models.interface import context_length
 
 CHATML_END = "<|im_end|>"
 USER_PROMPT = "User: "

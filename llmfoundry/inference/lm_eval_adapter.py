@@ -36,6 +36,7 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
 from llmfoundry.eval.icl.scoring import generate_greedy, run_scoring, supports_kv_cache, supports_packed
 from llmfoundry.eval.icl.tasks import Sequence
 from llmfoundry.loading import load_model
+from llmfoundry.models.interface import context_length
 
 
 class LLMFoundryLM(LM):
@@ -121,7 +122,8 @@ class LLMFoundryLM(LM):
         packed = shared and supports_packed(self.model)
         use_kv = shared and not packed and supports_kv_cache(self.model)
         scores = run_scoring(self.model, [[seqs[i] for i in m] for m in members], device=self._device,
-                             batch_size=self.batch_size, use_kv_cache=use_kv, packed=packed)
+                             batch_size=self.batch_size, use_kv_cache=use_kv, packed=packed,
+                             max_width=context_length(self.model))
         out: list[tuple[float, bool]] = [(0.0, False)] * len(seqs)
         for m, sc in zip(members, scores):
             for i, s in zip(m, sc or []):

@@ -7,6 +7,7 @@ import argparse
 import torch
 
 from llmfoundry.core.errors import ConfigError
+from llmfoundry.models.interface import context_length
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser, *, max_new_tokens: int, temperature: float,
@@ -55,16 +56,6 @@ def position_limit(model) -> int | None:
         return arch.max_seq_len if arch.learned_pos_emb else None
     if any(name.rsplit(".", 1)[-1] in ("wpe", "embed_positions") for name, _ in model.named_modules()):
         return context_length(model)
-    return None
-
-
-def context_length(model) -> int | None:
-    """The sequence length a model was built for (its config's max_seq_len / max_position_embeddings), if known."""
-    config = getattr(model, "config", None)
-    for key in ("max_seq_len", "max_position_embeddings", "n_positions"):
-        value = getattr(config, key, None)
-        if isinstance(value, int) and value > 0:
-            return value
     return None
 
 

@@ -54,6 +54,16 @@ def label_offset(model: Any) -> int:
     return 0 if is_encoder_decoder(model) else 1
 
 
+def context_length(model) -> int | None:
+    """The sequence length a model was built for (its config's max_seq_len / max_position_embeddings), if known."""
+    config = getattr(model, "config", None)
+    for key in ("max_seq_len", "max_position_embeddings", "n_positions"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
 MEMBERS = ("supports_sequence_id", "forward", "flops_per_token", "blocks", "get_input_embeddings")
 
 

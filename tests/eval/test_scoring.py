@@ -21,6 +21,7 @@ from llmfoundry.eval.icl.scoring import (
     pack_rows,
     packed_width,
     plan_batches,
+    run_scoring,
     score_full,
     score_packed,
     score_shared_prefix,
@@ -29,6 +30,7 @@ from llmfoundry.eval.icl.scoring import (
     supports_packed,
 )
 from llmfoundry.eval.icl.tasks import Sequence
+from llmfoundry.models.interface import context_length
 from llmfoundry.models.mpt import MPTConfig, MPTForCausalLM
 
 
@@ -202,6 +204,29 @@ def test_several_questions_in_one_packed_row_score_as_if_alone(model_name, reque
         for seq, score in zip(group, scores):
             assert math.isclose(score.logprob, _reference(model, seq), rel_tol=1e-4, abs_tol=1e-4)
             assert score.num_tokens == len(seq.tokens) - seq.cont_start
+
+
+def test_a_question_wider_packed_than_the_model_was_built_for_is_scored_unpacked(tokenizer):
+    """GPT-Neo sizes its causal mask by max_position_embeddings: a packed row wider than that cannot run. A
+    question whose choices together outgrow it is scored one sequence at a time, the others stay packed."""
+    from transformers import GPTNeoConfig, GPTNeoForCausalLM
+
+    torch.manual_seed(2)
+    model = GPTNeoForCausalLM(GPTNeoConfig(vocab_size=len(tokenizer), hidden_size=32, num_layers=2, num_heads=4,
+                                           attention_types=[[["global", "local"], 1]], window_size=8,
+                                           max_position_embeddings=16, intermediate_size=64)).eval()
+    assert supports_packed(model) and context_length(model) == 16
+    wide = [Sequence(list(range(10, 20)) + [40 + i, 50 + i, 60 + i], 10) for i in range(4)]  # 10 + 4 * 2 = 18
+    narrow = [Sequence([5, 6, 7, 8], 3), Sequence([5, 6, 7, 9], 3)]
+    groups = [wide, narrow]
+    assert [packed_width(g) for g in groups] == [18, 3]
+    with torch.no_grad():
+        with pytest.raises(RuntimeError):  # what the cap prevents
+            score_packed(model, [wide], "cpu")
+        scored = run_scoring(model, groups, device="cpu", batch_size=8, packed=True, max_width=context_length(model))
+    for group, scores in zip(groups, scored):
+        for seq, score in zip(group, scores):
+            assert math.isclose(score.logprob, _reference(model, seq), rel_tol=1e-4, abs_tol=1e-4)
 
 
 def test_our_mpt_model_scores_the_same_on_every_path(tokenizer):

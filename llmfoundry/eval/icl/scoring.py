@@ -320,28 +320,38 @@ def run_scoring(
     max_batch_tokens: int = 16384,
     use_kv_cache: bool = False,
     packed: bool = False,
+    max_width: int | None = None,
     sync_calls: Callable[[int], int] | None = None,
     dummy_forward: Callable[[], None] | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> list[list[SequenceScore] | None]:
     """Scores for every group; the groups are sorted by length and packed into batches (to score a subset, pass
-    only the groups of that subset)."""
-    if packed:
-        batches = plan_batches(groups, batch_size, max_batch_tokens, width=packed_width, rows=lambda g: 1)
-    else:
-        batches = plan_batches(groups, batch_size, max_batch_tokens) if groups else []
+    only the groups of that subset). With ``packed``, a group whose packed width exceeds ``max_width`` (the
+    sequence length the model was built for; some models' masks are sized by it) is scored unpacked instead."""
+    rest = "kv" if use_kv_cache and not packed else "full"
+    fits = [packed and (max_width is None or packed_width(g) <= max_width) for g in groups]
+    batches: list[tuple[str, list[int]]] = []
+    for mode, wanted in (("packed", True), (rest, False)):
+        idx = [g for g in range(len(groups)) if fits[g] == wanted]
+        if not idx:
+            continue
+        sub = [groups[g] for g in idx]
+        planned = (plan_batches(sub, batch_size, max_batch_tokens, width=packed_width, rows=lambda g: 1)
+                   if mode == "packed" else plan_batches(sub, batch_size, max_batch_tokens))
+        batches += [(mode, [idx[i] for i in batch]) for batch in planned]
     total = sync_calls(len(batches)) if sync_calls else len(batches)
     keep_last = "logits_to_keep" in _forward_params(model)
     results: list[list[SequenceScore] | None] = [None] * len(groups)
     for b in range(total):
         if b >= len(batches):
-            for _ in range(2 if use_kv_cache and not packed else 1):
+            for _ in range(2 if rest == "kv" else 1):
                 dummy_forward()
             continue
-        batch = [groups[g] for g in batches[b]]
-        if packed:
+        mode, members = batches[b]
+        batch = [groups[g] for g in members]
+        if mode == "packed":
             scored = score_packed(model, batch, device, trim_logits=keep_last)
-        elif use_kv_cache:
+        elif mode == "kv":
             scored = score_shared_prefix(model, batch, device, keep_last_only=keep_last)
         else:
             flat = score_full(model, [s for group in batch for s in group], device, trim_logits=keep_last)
@@ -349,7 +359,7 @@ def run_scoring(
             for group in batch:
                 scored.append(flat[i : i + len(group)])
                 i += len(group)
-        for g, sc in zip(batches[b], scored):
+        for g, sc in zip(members, scored):
             results[g] = sc
         if progress:
             progress(len(batch))
