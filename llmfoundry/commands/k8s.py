@@ -16,7 +16,7 @@ from llmfoundry.commands.train import load_train_config
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.launch.k8s import KINDS, KubeJob
 from llmfoundry.launch.recipe import dns_label, recipe_text, resolved_recipe
-from llmfoundry.train.trainer import device_batch_size
+from llmfoundry.train.compat import device_batch_size
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -43,7 +43,7 @@ def main(argv: list[str]) -> int:
     if args.max_restarts < 0:
         raise ConfigError(f"--max-restarts: {args.max_restarts} (use 0 or more)")
     cfg, plain = load_train_config(args.recipe, args.overrides)
-    device_batch_size(cfg.global_train_batch_size, args.nodes * args.gpus_per_node)
+    device_batch_size(cfg.global_train_batch_size, args.nodes * args.gpus_per_node, cfg.tp_config)
     recipe = resolved_recipe(plain)
     job = KubeJob(name=dns_label(recipe["run_name"]), image=args.image, nodes=args.nodes,
                   gpus_per_node=args.gpus_per_node, kind=args.kind, namespace=args.namespace, runtime=args.runtime,

@@ -17,7 +17,7 @@ from llmfoundry.commands.train import load_train_config
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.launch.recipe import dns_label, recipe_text, resolved_recipe
 from llmfoundry.launch.slurm import SlurmJob, is_hyperpod, write_job
-from llmfoundry.train.trainer import device_batch_size
+from llmfoundry.train.compat import device_batch_size
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -50,7 +50,7 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     cfg, plain = load_train_config(args.recipe, args.overrides)
     if args.nodes >= 1 and args.gpus_per_node >= 1:  # the global batch must split over every process
-        device_batch_size(cfg.global_train_batch_size, args.nodes * args.gpus_per_node)
+        device_batch_size(cfg.global_train_batch_size, args.nodes * args.gpus_per_node, cfg.tp_config)
     recipe = resolved_recipe(plain)
     workdir = Path.cwd().resolve()
     run_dir = Path(args.run_dir).resolve() if args.run_dir else workdir / "runs" / recipe["run_name"]

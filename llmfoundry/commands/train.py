@@ -17,7 +17,8 @@ from llmfoundry.core import dist
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.train.errors import TrainingStopped
 from llmfoundry.train.recipe import cuda_environment, load_train_config
-from llmfoundry.train.trainer import Trainer, device_batch_size
+from llmfoundry.train.compat import device_batch_size
+from llmfoundry.train.trainer import Trainer
 
 __all__ = ["main", "load_train_config", "cuda_environment"]  # the last two live in train/recipe.py
 
@@ -47,7 +48,8 @@ def main(argv: list[str]) -> int:
         if args.nproc < 1:
             raise ConfigError(f"-n: {args.nproc} processes (use 1 or more)")
         if args.nproc > 1:
-            device_batch_size(cfg.global_train_batch_size, args.nproc)  # once here, not once per spawned rank
+            # once here, not once per spawned rank
+            device_batch_size(cfg.global_train_batch_size, args.nproc, cfg.tp_config)
             return subprocess.call(torchrun_command(args.nproc, args.recipe, args.overrides))
     os.environ.update(cuda_environment(cfg, dict(os.environ)))
     if cfg.python_log_level:

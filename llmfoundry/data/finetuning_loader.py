@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from typing import Any
 
 import numpy as np
 import torch
 
+from llmfoundry.core import dist
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.core.notices import notice_once
 from llmfoundry.data.finetuning import FinetuningDataset, FinetuningLoaderSettings
@@ -118,10 +118,9 @@ def padded_for_ranks(order: list[int], size: int) -> list[int]:
 
 
 def world() -> tuple[int, int]:
-    """(rank, world size) of this process."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    """(rank, world size) of this process's share of the data: the data-parallel ones (the ranks of a
+    tensor-parallel group share their batches)."""
+    return dist.data_parallel()
 
 
 def _keep_examples(examples: list[dict[str, list[int]]]) -> list[dict[str, list[int]]]:
@@ -212,12 +211,8 @@ class FinetuningLoader:
                                  "shuffle_seed": self.seed}
         if self.packing is not None:
             mine = self.packing.state_dict()
-            if torch.distributed.is_available() and torch.distributed.is_initialized():
-                every: list[Any] = [None] * torch.distributed.get_world_size()
-                torch.distributed.all_gather_object(every, mine)
-            else:
-                every = [mine]
-            state["leftover_bins"] = every
+            # one entry per data-parallel rank (the ranks of a tensor-parallel group carry the same bins)
+            state["leftover_bins"] = dist.all_gather_object(mine)[:: dist.replication()]
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -38,7 +38,7 @@ import torch
 from llmfoundry.config.checks import PositiveInt
 from llmfoundry.config.fields import option
 from llmfoundry.config.validate import Check
-from llmfoundry.core import objectstore
+from llmfoundry.core import dist, objectstore
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.data.shard_check import check_local_shards
 from llmfoundry.data.streaming_guard import import_streaming
@@ -242,6 +242,18 @@ def build_streams(settings: StreamingOptions, key: str):
     return None, settings.remote, local
 
 
+def _replication(settings: StreamingOptions, key: str) -> int | None:
+    """The recipe's ``replication``; under tensor parallelism the ranks of one TP group (which compute one
+    microbatch together) must receive the same samples."""
+    group = dist.replication()
+    if group == 1:
+        return settings.replication
+    if settings.replication not in (None, group):
+        raise ConfigError(f"{key}.replication: {settings.replication}, but the {group} ranks of a tensor-parallel "
+                          f"group must see the same samples (remove it or set {group})")
+    return group
+
+
 def streaming_kwargs(settings: StreamingOptions, batch_size: int, key: str) -> dict[str, Any]:
     streams, remote, local = build_streams(settings, key)
     return dict(
@@ -266,7 +278,7 @@ def streaming_kwargs(settings: StreamingOptions, batch_size: int, key: str) -> d
         sampling_method=settings.sampling_method,
         sampling_granularity=settings.sampling_granularity,
         batching_method=settings.batching_method,
-        replication=settings.replication,
+        replication=_replication(settings, key),
         allow_unsafe_types=settings.allow_unsafe_types,
     )
 

@@ -11,8 +11,9 @@ as often as needed (the trainer calls it at every ``eval_interval``). Metrics co
     icl/{label}/{n}-shot/{category}/{metric}   tasks with has_categories (the task-level value is then the
                                                unweighted mean over categories, as llm-foundry's gauntlet uses)
 
-Under torch.distributed each rank scores every world_size-th example and the per-example results are gathered,
-so every rank returns the same metrics.
+Under torch.distributed each data-parallel rank scores every world_size-th example (the ranks of a tensor-parallel
+group score the same ones together) and the per-example results are gathered, so every rank returns the same
+metrics.
 
 Batches. ``batch_size`` counts sequences, as llm-foundry's ``batch_size`` does: a multiple-choice or schema question
 is one sequence per choice and its choices always share a forward pass, so a batch holds
@@ -162,6 +163,7 @@ class ICLEvaluator:
             device = next(model.parameters()).device
         device = torch.device(device)
         rank, world = dist.rank(), dist.world_size()
+        dp_rank, dp_world = dist.data_parallel()  # the ranks of a tensor-parallel group score the same examples
         was_training = model.training
         model.eval()
         outer = model
@@ -183,7 +185,7 @@ class ICLEvaluator:
             with autocast(self.precision, device):
                 for run in self.runs:
                     start = time.perf_counter()
-                    local = run.examples[rank::world]
+                    local = run.examples[dp_rank::dp_world]
                     limit = self.subset_num_batches or run.cfg.icl_subset_num_batches
                     if limit is not None:  # the first `limit` batches in file order, before any sorting
                         local = local[: limit * examples_per_batch(run)]
@@ -313,7 +315,6 @@ def examples_per_batch(run: TaskRun) -> int:
 def _gather(results: list[dict], world: int) -> list[dict]:
     if world == 1:
         return sorted(results, key=lambda r: r["index"])
-    everything: list[list[dict] | None] = [None] * world
-    torch_dist.all_gather_object(everything, results)
-    merged = {r["index"]: r for part in everything for r in (part or [])}
+    everything = dist.all_gather_object(results)
+    merged = {r["index"]: r for part in everything for r in (part or [])}  # a TP group's copies fall together
     return [merged[i] for i in sorted(merged)]

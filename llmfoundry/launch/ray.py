@@ -23,7 +23,7 @@ from llmfoundry.core.notices import notice_once
 from llmfoundry.launch.recipe import resolved_recipe
 from llmfoundry.launch.ray_worker import train_worker
 from llmfoundry.train.recipe import cuda_environment, load_train_config
-from llmfoundry.train.trainer import device_batch_size
+from llmfoundry.train.compat import device_batch_size
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ def fit(recipe: str, overrides: list[str] | tuple[str, ...] = (), *, num_workers
     job = RayJob(num_workers, gpus_per_worker, cpus_per_worker, storage_path, max_failures, address, run_name)
     job.check()
     cfg, plain = load_train_config(recipe, list(overrides))
-    device_batch_size(cfg.global_train_batch_size, num_workers)  # once here, not once per worker
+    device_batch_size(cfg.global_train_batch_size, num_workers, cfg.tp_config)  # once here, not once per worker
     return run(ray_recipe(plain, job), job, worker_environment(cfg))
 
 

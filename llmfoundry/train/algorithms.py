@@ -16,6 +16,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from llmfoundry.config.fields import option
+from llmfoundry.core.errors import ConfigError
 from llmfoundry.registry import algorithms
 
 
@@ -48,11 +49,35 @@ class GradientClipping:
             return None
         # norm; and value under FSDP, where Composer scales all gradients so that the largest magnitude is at most
         # the threshold (FSDP's clip_grad_norm_ with the inf-norm) instead of clamping each element
-        total = torch.nn.utils.get_total_norm([p.grad for p in params], 2.0 if kind == "norm" else math.inf)
-        if hasattr(total, "full_tensor"):  # FSDP2: sharded gradients give a partial norm; reduce it
-            total = total.full_tensor()
-        torch.nn.utils.clip_grads_with_norm_(params, threshold, total)
+        by_mesh = _by_mesh(params)
+        total = total_norm([[p.grad for p in group] for group in by_mesh], 2.0 if kind == "norm" else math.inf)
+        for group in by_mesh:
+            torch.nn.utils.clip_grads_with_norm_(group, threshold, total)
         return total if kind == "norm" else None
+
+
+def _by_mesh(params: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """Parameters grouped by the device mesh of their gradient (None: plain tensors). Tensor parallelism puts the
+    blocks on a (dp, tp) mesh and the rest on dp (or nowhere), and torch's foreach norm and clip refuse a mix."""
+    groups: dict[Any, list[torch.Tensor]] = {}
+    for p in params:
+        groups.setdefault(getattr(p.grad, "device_mesh", None), []).append(p)
+    return list(groups.values())
+
+
+def total_norm(grad_groups: list[list[torch.Tensor]], norm_type: float) -> torch.Tensor:
+    """The norm of all gradients together, as a plain tensor: each group's (a DTensor's partial norm reduced over
+    its mesh), then combined."""
+    norms = []
+    for grads in grad_groups:
+        norm = torch.nn.utils.get_total_norm(grads, norm_type)
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    if not norms:
+        return torch.zeros(())
+    if len(norms) == 1:
+        return norms[0]
+    stacked = torch.stack([n.to(norms[0].device) for n in norms])
+    return stacked.max() if math.isinf(norm_type) else torch.linalg.vector_norm(stacked, norm_type)
 
 
 def _unit_norms(t: torch.Tensor) -> torch.Tensor:
@@ -72,7 +97,8 @@ def clip_adaptive_(param: torch.Tensor, threshold: float) -> None:
     weight, grad = param.detach(), param.grad
     if isinstance(grad, DTensor):
         if any(not (pl.is_replicate() or (pl.is_shard() and pl.dim == 0)) for pl in grad.placements):
-            raise ValueError(f"adaptive gradient clipping: unexpected sharding {grad.placements}")
+            raise ConfigError(f"algorithms.gradient_clipping.clipping_type: adaptive needs whole output rows per rank, "
+                              f"got the sharding {grad.placements} (tensor parallelism: use norm or value)")
         if weight.ndim <= 1:
             w_norm = torch.linalg.vector_norm(weight).full_tensor()
             g_norm = torch.linalg.vector_norm(grad).full_tensor()

@@ -64,6 +64,18 @@ def finish_recipe(cfg: Any, prefix: str) -> list[str]:
     return problems
 
 
+def device_batch_size(global_batch_size: int, world_size: int, tp_config: Any = None) -> int:
+    """Samples per rank and step; the global batch must split evenly across the data-parallel ranks (the ranks of
+    a tensor-parallel group share their batches: world size / tensor_parallel_degree of them)."""
+    ranks = world_size // tp_config.tensor_parallel_degree if tp_config is not None else world_size
+    ranks = max(1, ranks)
+    if global_batch_size % ranks:
+        what = "data-parallel groups" if ranks != world_size else "ranks"
+        raise ConfigError(f"global_train_batch_size: {global_batch_size} does not divide across {ranks} {what} "
+                          f"(use a multiple of {ranks})")
+    return global_batch_size // ranks
+
+
 def check_derived_batch_keys(cfg: Any, world_size: int, device_batch_size: int) -> None:
     """device_train_batch_size, device_train_grad_accum and n_gpus as llm-foundry derives them must match ours."""
     problems = []
@@ -72,7 +84,8 @@ def check_derived_batch_keys(cfg: Any, world_size: int, device_batch_size: int) 
                         "it is the world size)")
     if cfg.device_train_batch_size is not None and cfg.device_train_batch_size != device_batch_size:
         problems.append(f"device_train_batch_size: {cfg.device_train_batch_size} does not match global_train_batch_size "
-                        f"{cfg.global_train_batch_size} / {world_size} processes = {device_batch_size} (remove it or "
+                        f"{cfg.global_train_batch_size} / {cfg.global_train_batch_size // device_batch_size} data-parallel "
+                        f"ranks = {device_batch_size} (remove it or "
                         "change global_train_batch_size)")
     if cfg.device_train_grad_accum is not None:
         micro = cfg.device_train_microbatch_size

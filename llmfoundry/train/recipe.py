@@ -22,7 +22,7 @@ from llmfoundry.eval.config import GauntletConfig, ICLTaskConfig
 from llmfoundry.train import compat
 from llmfoundry.train.preemption import parse_wallclock, signal_number
 from llmfoundry.train.profiling import ProfilerConfig
-from llmfoundry.train.settings import CheckpointUploadConfig, CompileConfig, FSDPConfig
+from llmfoundry.train.settings import CheckpointUploadConfig, CompileConfig, FSDPConfig, TPConfig
 
 __all__ = ["TrainConfig", "TokenizerConfig", "PrepareDataConfig", "validate", "to_plain", "Component",
            "load_train_config", "validate_train_config", "cuda_environment"]
@@ -119,10 +119,8 @@ class TrainConfig:
     fsdp_config: FSDPConfig | None = option(
         None, "shard the model with FSDP2 (fully_shard per block, then the root); none = DDP on several ranks"
     )
-    tp_config: dict[str, Any] | None = option(
-        None, "tensor parallelism (llm-foundry's strategy, tensor_parallel_degree)",
-        unsupported="tensor parallelism in training (#15: the plans exist in train/tensor_parallel.py, not yet wired "
-        "into the trainer)",
+    tp_config: TPConfig | None = option(
+        None, "tensor parallelism of the MPT blocks on a (dp, tp) mesh with fsdp_config across the TP groups"
     )
     compile_config: CompileConfig | None = option(None, "torch.compile each block ({} = defaults; none = eager)")
     dist_timeout: PositiveFloat = option(600.0, "seconds to wait for other ranks before failing")

@@ -2,10 +2,10 @@
 
 The ranks are laid out on a 2-D ``(dp, tp)`` mesh, ``tp = tensor_parallel_degree`` consecutive ranks per TP group
 (one node's fast links), ``dp = world / tp`` groups. The ranks of one TP group compute on the SAME microbatch:
-the data loader must deal batches by data-parallel rank (``data_parallel(rank, world)``), and the global batch
-splits across ``dp`` ranks, not ``world``. (llm-foundry's ``ffn`` plan instead feeds each TP rank its own samples
-and gathers them along the batch dimension before the FFN; replicated inputs give the same sums without the gather,
-and are what attention needs.) TP is applied first, then FSDP2 shards over the ``dp`` dimension (torchtitan's
+the data loaders deal batches by data-parallel rank (``core.dist.data_parallel()``, which the trainer sets up
+with ``dist.set_replication``), and the global batch splits across ``dp`` ranks, not ``world``. (llm-foundry's
+``ffn`` plan instead feeds each TP rank its own samples and gathers them along the batch dimension before the
+FFN; replicated inputs give the same sums without the gather, and are what attention needs.) TP is applied first, then FSDP2 shards over the ``dp`` dimension (torchtitan's
 order), so a block's parameters are 2-D DTensors (Shard(0) on dp; tp: as the plan says).
 
 Strategies (of each block; embeddings, the final norm and the output head stay replicated on every TP rank):
@@ -26,7 +26,7 @@ degree. Neither ALiBi nor qk_ln (a norm over all heads) is split yet: refused wi
 Every collective used (all-reduce, all-gather, reduce-scatter of DTensor redistribution, FSDP2's) exists in gloo,
 so CPU runs are exact tests of the same code. Gradients then live on several meshes (blocks: (dp, tp); the rest:
 dp under FSDP2, plain tensors without it), which torch's ``get_total_norm`` / ``clip_grads_with_norm_`` refuse
-(one foreach call over all of them): ``total_norm`` and ``clip_grads_`` work per mesh.
+in one foreach call: gradient clipping (train/algorithms.py) works per mesh.
 
 Dropout: the trainer must seed the ranks of a TP group alike (the replicated parts must draw the same masks); the
 sharded parts (attention heads, out_proj / down_proj outputs split along the sequence) then draw masks of the same
@@ -34,8 +34,6 @@ RNG stream on each rank, so with ``block`` the masks of matching heads / positio
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 from torch import nn
@@ -55,13 +53,6 @@ from llmfoundry.train.settings import FSDPConfig, TPConfig
 
 # Sharding strategies of fsdp_config that FSDP2 applies over one (dp) mesh dimension next to TP
 FSDP_WITH_TP = ("FULL_SHARD", "SHARD_GRAD_OP")
-
-
-def data_parallel(tp: TPConfig | None, rank: int, world_size: int) -> tuple[int, int]:
-    """(data-parallel rank, data-parallel world size): what the data loader and the batch split must use; the
-    ranks of one TP group share a data-parallel rank, hence their batches."""
-    degree = tp.tensor_parallel_degree if tp is not None else 1
-    return rank // degree, world_size // degree
 
 
 def check_tensor_parallel(model: nn.Module, tp: TPConfig, fsdp: FSDPConfig | None, world_size: int) -> None:
@@ -149,30 +140,3 @@ def apply_tensor_parallel(model: nn.Module, tp: TPConfig, mesh: DeviceMesh) -> N
             input_layouts=(Replicate(), None, None, None), desired_input_layouts=(Shard(1), None, None, None),
             output_layouts=Shard(1), desired_output_layouts=Replicate(), use_local_input=True, use_local_output=True))
         parallelize_module(block, mesh, block_plan(block))
-
-
-def total_norm(grads: list, norm_type: float) -> torch.Tensor:
-    """The norm of all ``grads`` together, as a plain tensor, when they mix DTensors of several meshes (TP blocks
-    on (dp, tp), the rest on dp under FSDP2) and plain tensors (TP without FSDP): torch's ``get_total_norm`` stacks
-    them into one foreach call, which DTensor refuses. Each mesh's norm is reduced on its own, then combined."""
-    groups: dict = {}
-    for grad in grads:
-        groups.setdefault(getattr(grad, "device_mesh", None), []).append(grad)
-    norms = []
-    for group in groups.values():
-        norm = torch.nn.utils.get_total_norm(group, norm_type)
-        norms.append(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-    if not norms:
-        return torch.zeros(())
-    stacked = torch.stack(norms)
-    return stacked.max() if math.isinf(norm_type) else torch.linalg.vector_norm(stacked, norm_type)
-
-
-@torch.no_grad()
-def clip_grads_(params: list, max_norm: float, total: torch.Tensor) -> None:
-    """``clip_grads_with_norm_`` for gradients on several meshes: each local shard is scaled by the same factor
-    (scaling a Shard / Replicate DTensor is scaling its local tensors)."""
-    coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
-    grads = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for p in params if p.grad is not None]
-    if grads:
-        torch._foreach_mul_(grads, coef.to(grads[0].device))

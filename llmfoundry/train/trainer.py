@@ -69,14 +69,6 @@ class EvalHistory:
     losses: list[tuple[int, float]] = field(default_factory=list)  # (batch, eval loss)
 
 
-def device_batch_size(global_batch_size: int, world_size: int) -> int:
-    """Samples per rank and step; the global batch must split evenly across ranks."""
-    if global_batch_size % world_size:
-        raise ConfigError(f"global_train_batch_size: {global_batch_size} does not divide across {world_size} ranks "
-                          f"(use a multiple of {world_size})")
-    return global_batch_size // world_size
-
-
 class Trainer:
     def __init__(self, cfg: TrainConfig, config_plain: dict[str, Any] | None = None):
         self.cfg = cfg
@@ -100,7 +92,11 @@ class Trainer:
             self._prepare_data()
         self.tokenizer = build_tokenizer(cfg)
         world = self.dist.world_size
-        self.device_batch_size = device_batch_size(cfg.global_train_batch_size, world)
+        # the ranks of a tensor-parallel group train on the same batches: data is dealt by data-parallel rank
+        self.tp = cfg.tp_config if cfg.tp_config is not None and cfg.tp_config.tensor_parallel_degree > 1 else None
+        dist.set_replication(self.tp.tensor_parallel_degree if self.tp else 1)
+        self.dp_rank, self.dp_world = dist.data_parallel()
+        self.device_batch_size = compat.device_batch_size(cfg.global_train_batch_size, world, self.tp)
         compat.check_derived_batch_keys(cfg, world, self.device_batch_size)
         compat.log_notices(cfg)
         micro = cfg.device_train_microbatch_size
@@ -115,7 +111,7 @@ class Trainer:
             self.model = model.to(self.device, precision.weight_dtype(cfg.precision))
         self.parallel_model = parallel.parallelize(
             self.model, fsdp=cfg.fsdp_config, compile_cfg=cfg.compile_config, precision=cfg.precision,
-            device=self.device, world_size=world, seed=cfg.seed)
+            device=self.device, world_size=world, seed=cfg.seed, tp=self.tp)
         # every token id of a batch must be below it (see _check_token_ids)
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
         self.loss = TokenLoss(label_offset(self.model))  # offset 0: an encoder-decoder model's labels are not shifted
@@ -310,7 +306,7 @@ class Trainer:
         num_samples = device_batch["input_ids"].size(0)
         targets = dist.all_reduce_sum(self.loss.targets(device_batch["labels"]).float())
         if not self.cfg.accumulate_train_batch_on_tokens:  # Composer's per-sample rule: normalise by samples
-            targets = targets.new_tensor(float(num_samples * self.dist.world_size))
+            targets = targets.new_tensor(float(num_samples * self.dist.world_size))  # (x tp: all ranks count)
         while True:
             self.train_metrics.reset()
             try:
@@ -366,8 +362,8 @@ class Trainer:
         self.previous_time = TrainTime(**vars(self.time))  # for intervals in tok / sp
         self.time.batch += 1
         self.time.batch_in_epoch += 1
-        self.time.sample += num_samples * self.dist.world_size
-        self.time.token += int(dist.all_reduce_sum(count_batch_tokens(device_batch)))  # as Composer counts them
+        self.time.sample += num_samples * self.dp_world
+        self.time.token += int(dist.all_reduce_sum(count_batch_tokens(device_batch))) // dist.replication()
         self._estimate_end()  # before the callbacks' on_batch_end, which may stop training here
         if not math.isfinite(loss):
             log.warning("non-finite training loss at batch %d", self.time.batch)
@@ -384,7 +380,7 @@ class Trainer:
     def _forward_backward(self, device_batch: dict[str, torch.Tensor], targets: torch.Tensor) -> torch.Tensor:
         """Accumulate the gradients of one device batch in microbatches; returns the summed (local) loss."""
         cfg = self.cfg
-        torch.manual_seed(cfg.seed + self.time.batch * self.dist.world_size + self.dist.rank)  # dropout RNG
+        torch.manual_seed(cfg.seed + self.time.batch * self.dp_world + self.dp_rank)  # dropout RNG, alike in TP groups
         num_samples = device_batch["input_ids"].size(0)
         loss_sum = torch.zeros((), device=self.device)
         self._aux_sum = None

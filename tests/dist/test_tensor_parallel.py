@@ -1,9 +1,9 @@
 """Tensor parallelism (tp_config) under torchrun with gloo on CPU: per-step losses of TP-2 (strategies ffn and
 block), FSDP x TP on a 2x2 mesh and a DCP checkpoint written at TP-2 and resumed on one rank all equal the 1-rank
-run's within 1e-5, gradient clipping (tensor_parallel.total_norm / clip_grads_) included.
+run's within 1e-5, gradient clipping (algorithms.GradientClipping over gradients on several meshes) included.
 
 The model and the training step are driven here directly (parallel.parallelize, checkpoint.save/load_checkpoint,
-AdamW): the data each rank gets follows tensor_parallel.data_parallel (the TP ranks of a group share a microbatch),
+AdamW): the data each rank gets follows core.dist.data_parallel (the TP ranks of a group share a microbatch),
 which is the rule the trainer's data loader has to follow. Every collective the DTensor ops need (all-reduce,
 all-gather, reduce-scatter) runs on gloo. This file is also the worker: ``torchrun ... test_tensor_parallel.py``.
 """
@@ -36,7 +36,8 @@ def worker(spec: dict) -> None:
 
     from llmfoundry.core import dist
     from llmfoundry.models.mpt.model import MPTConfig, MPTForCausalLM
-    from llmfoundry.train import checkpoint, parallel, tensor_parallel
+    from llmfoundry.train import checkpoint, parallel
+    from llmfoundry.train.algorithms import GradientClipping, GradientClippingSettings
     from llmfoundry.train.settings import FSDPConfig, TPConfig
 
     torch.distributed.init_process_group("gloo")
@@ -48,7 +49,8 @@ def worker(spec: dict) -> None:
     parallel.parallelize(model, fsdp=fsdp, compile_cfg=None, precision="fp32", device=torch.device("cpu"),
                          world_size=world, seed=0, tp=tp)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    dp_rank, dp = tensor_parallel.data_parallel(tp, rank, world)
+    dist.set_replication(spec["tp"])
+    dp_rank, dp = dist.data_parallel()
     tp_degree = world // dp
     first = 1
     if spec.get("resume"):
@@ -63,8 +65,7 @@ def worker(spec: dict) -> None:
         targets = GLOBAL_BATCH * (SEQ - 1)
         (loss_sum * dp / targets).backward()  # FSDP2 averages the gradients over the dp ranks
         # gradient clipping over gradients on two meshes (FSDP x TP) or plain and DTensor ones (TP alone)
-        params = [p for p in model.parameters() if p.grad is not None]
-        tensor_parallel.clip_grads_(params, 1.0, tensor_parallel.total_norm([p.grad for p in params], 2.0))
+        GradientClipping(GradientClippingSettings(clipping_threshold=1.0)).clip(model)
         optimizer.step()
         optimizer.zero_grad()
         total = loss_sum.detach().clone()
@@ -187,12 +188,21 @@ def test_tp_config_of_a_model_other_than_mpt_is_refused():
         check_tensor_parallel(gpt2, TPConfig(tensor_parallel_degree=2), None, 2)
 
 
-def test_a_layer_plan_is_refused_and_the_ranks_of_a_tp_group_share_their_data():
+def test_a_layer_plan_is_refused_and_the_ranks_of_a_tp_group_share_their_data(monkeypatch):
+    from llmfoundry.core import dist
     from llmfoundry.train.settings import TPConfig
-    from llmfoundry.train.tensor_parallel import data_parallel
 
     assert TPConfig(layer_plan={"ffn": "colwise"}).check_settings("tp_config") == [
         "tp_config.layer_plan: explicit plans are not supported; use tp_config.strategy: ffn | block"]
-    tp = TPConfig(tensor_parallel_degree=2)
-    assert [data_parallel(tp, rank, 4) for rank in range(4)] == [(0, 2), (0, 2), (1, 2), (1, 2)]
-    assert data_parallel(None, 3, 4) == (3, 4)
+    positions = []
+    try:
+        for rank in range(4):
+            monkeypatch.setenv("RANK", str(rank))
+            monkeypatch.setenv("WORLD_SIZE", "4")
+            dist.set_replication(2)
+            positions.append(dist.data_parallel())
+        dist.set_replication(1)
+        assert dist.data_parallel() == (3, 4)
+    finally:
+        dist.set_replication(1)
+    assert positions == [(0, 2), (0, 2), (1, 2), (1, 2)]

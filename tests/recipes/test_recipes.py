@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.recipes.helpers import MDS_SEQ, REPO, TINY_MPT, TINY_SEQ
+from tests.recipes.helpers import MDS_SEQ, REPO, TINY_FFN_HIDDEN, TINY_KV_HEADS, TINY_MPT, TINY_SEQ
 
 RECIPES = sorted(
     p.relative_to(REPO).as_posix()
@@ -87,6 +87,8 @@ def train_overrides(recipe: str, raw: dict, tmp_path: Path, fixtures: dict) -> l
         "save_interval=2ba", "autoresume=false", f"tokenizer.name='{fixtures['tokenizer_dir']}'",
         f"tokenizer.kwargs={{model_max_length: {TINY_SEQ}}}",
     ]
+    if set((raw.get("tokenizer") or {}).get("kwargs") or {}) - {"model_max_length"}:  # e.g. tiktoken's encoding_name
+        out.insert(out.index(f"tokenizer.kwargs={{model_max_length: {TINY_SEQ}}}"), "~tokenizer.kwargs")
     if "prepare_data" in raw:  # the quickstart builds its data from the stdlib; the tests bring their own
         out.append("~prepare_data")
     if "loggers" in raw:
@@ -94,6 +96,12 @@ def train_overrides(recipe: str, raw: dict, tmp_path: Path, fixtures: dict) -> l
     model = raw["model"]
     if model["name"] == "mpt_causal_lm":
         out += [f"model.{k}={v}" for k, v in TINY_MPT.items()]
+        if (model.get("ffn_config") or {}).get("ffn_hidden_size") is not None:  # MoE recipes: width per expert
+            out.append(f"model.ffn_config.ffn_hidden_size={TINY_FFN_HIDDEN}")
+        if "kv_n_heads" in (model.get("attn_config") or {}):
+            out.append(f"model.attn_config.kv_n_heads={TINY_KV_HEADS}")
+        if "mbmoe_tok_per_expert" in (raw.get("callbacks") or {}):  # log on the last of the 2 batches
+            out.append("callbacks.mbmoe_tok_per_expert.log_interval=2")
     elif model["name"] == "hf_causal_lm":
         if model.get("pretrained", True):
             source = str(model["pretrained_model_name_or_path"]).lower()
@@ -147,12 +155,40 @@ def run_train_recipe(recipe: str, tmp_path: Path, fixtures: dict) -> dict:
     assert cfg.model.name == shipped.model.name and cfg.train_loader.name == shipped.train_loader.name
     if cfg.model.name == "mpt_causal_lm":
         assert {key: getattr(cfg.model.settings, key) for key in TINY_MPT} == TINY_MPT
+        ffn, shipped_ffn = cfg.model.settings.ffn_config, shipped.model.settings.ffn_config
+        # a mixture of experts stays one (same type, experts and top-k), only narrower
+        assert (ffn.ffn_type, ffn.moe_num_experts, ffn.moe_top_k, ffn.mlp_type) == (
+            shipped_ffn.ffn_type, shipped_ffn.moe_num_experts, shipped_ffn.moe_top_k, shipped_ffn.mlp_type)
+        assert shipped_ffn.ffn_hidden_size is None or ffn.ffn_hidden_size == TINY_FFN_HIDDEN
     if cfg.train_loader.name == "text":
         assert cfg.train_loader.settings.dataset.local == str(fixtures["mds_root"])
+    if cfg.tp_config is not None and cfg.tp_config.tensor_parallel_degree > 1:  # one TP group: that many ranks
+        return run_under_torchrun(recipe, overrides, cfg.tp_config.tensor_parallel_degree, tmp_path)
     try:
         metrics = Trainer(cfg, plain).fit()
     finally:
         dist.destroy()
+    return metrics
+
+
+def run_under_torchrun(recipe: str, overrides: list[str], nproc: int, tmp_path: Path) -> dict:
+    """``llmfoundry train -n nproc`` on the shrunk recipe; the metrics rank 0 logged, later rows winning."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.dist.helpers import worker_env
+
+    log = tmp_path / "metrics.jsonl"
+    command = [sys.executable, "-m", "llmfoundry.cli", "train", "-n", str(nproc), recipe, *overrides,
+               f"+loggers.jsonl.path='{log}'"]
+    result = subprocess.run(command, cwd=REPO, env=worker_env(), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    ranks = {p.name for p in (tmp_path / "run").glob("*/rank*.pt")}
+    assert ranks == {f"rank{r}.pt" for r in range(nproc)}, f"not a {nproc}-rank run: {ranks}"
+    metrics: dict = {}
+    for line in log.read_text().splitlines():
+        metrics.update(json.loads(line))
     return metrics
 
 
@@ -189,6 +225,12 @@ def test_recipe_builds_and_runs_tiny(recipe, tmp_path, in_repo, fixtures):
             "eval_loader"
         )
         assert any((tmp_path / "run").iterdir()), "the run saved no checkpoint"
+        from llmfoundry.models.layers.moe import MOE_TYPES
+
+        if (raw["model"].get("ffn_config") or {}).get("ffn_type") in MOE_TYPES:  # the experts ran, and were counted
+            assert math.isfinite(metrics["loss/train/lbl"]) and metrics["loss/train/lbl"] > 0
+            if "mbmoe_tok_per_expert" in (raw.get("callbacks") or {}):
+                assert metrics["mb_moe/all_layers_max_tpe"] > 0
     elif kind == "eval":
         from llmfoundry.commands.eval import run_eval
         from llmfoundry.config.load import load_config

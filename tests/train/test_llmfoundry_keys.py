@@ -210,7 +210,7 @@ def test_derived_batch_keys_are_accepted_when_consistent_and_named_when_not(reci
         make_trainer(_short(recipe, device_train_batch_size=4, device_train_grad_accum=3, n_gpus=2))
     text = str(error.value)
     assert "n_gpus: 2 does not match the 1 processes" in text
-    assert "device_train_batch_size: 4 does not match global_train_batch_size 8 / 1 processes = 8" in text
+    assert "device_train_batch_size: 4 does not match global_train_batch_size 8 / 1 data-parallel ranks = 8" in text
     assert "device_train_grad_accum: 3 does not match the 2 microbatches" in text
 
 

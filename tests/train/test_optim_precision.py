@@ -16,7 +16,7 @@ from llmfoundry.core.precision import autocast, supported_precision
 from llmfoundry.train import optim
 from llmfoundry.train.recipe import TrainConfig, validate
 from llmfoundry.train.settings import FSDPConfig
-from llmfoundry.train.trainer import device_batch_size
+from llmfoundry.train.compat import device_batch_size
 from tests.helpers import make_trainer
 
 

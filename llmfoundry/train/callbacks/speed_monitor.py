@@ -144,13 +144,14 @@ class SpeedMonitor(Callback):
         self.flops_so_far = 0.0
 
     def _batch_flops(self, trainer) -> float:
-        """Model FLOPs of this step's global batch: every rank's input_ids size times FLOPs per token."""
+        """Model FLOPs of this step's global batch: every rank's input_ids size times FLOPs per token (the ranks of a
+        tensor-parallel group compute one batch together: it counts once)."""
         ids = trainer.batch["input_ids"]
         seq_len = ids.shape[1]
         if seq_len not in self.flops_per_token:
             self.flops_per_token[seq_len] = float(trainer.model.flops_per_token(seq_len))
         local = torch.tensor(self.flops_per_token[seq_len] * ids.numel(), dtype=torch.float64, device=ids.device)
-        return float(dist.all_reduce_sum(local))
+        return float(dist.all_reduce_sum(local)) / dist.replication()
 
     def on_batch_end(self, trainer, metrics):
         self.flops_so_far += self._batch_flops(trainer)  # a collective: every rank, every batch
