@@ -59,7 +59,7 @@ from llmfoundry.core.errors import ConfigError
 from llmfoundry.core.notices import notice_once
 from llmfoundry.core.precision import DTYPES, low_dtype
 from llmfoundry.models.pretrained_weights import PretrainedWeights
-from llmfoundry.train import tensor_parallel
+from llmfoundry.train import expert_parallel, tensor_parallel
 from llmfoundry.train.settings import CompileConfig, FSDPConfig, TPConfig
 
 log = logging.getLogger(__name__)
@@ -135,11 +135,12 @@ def device_mesh(cfg: FSDPConfig, device: torch.device, world_size: int):
 
 
 def apply_fsdp(model: nn.Module, cfg: FSDPConfig, precision: str, device: torch.device, world_size: int,
-               seed: int = 0, mesh=None) -> nn.Module:
+               seed: int = 0, mesh=None, experts_mesh=None) -> nn.Module:
     """fully_shard each block, then the root. A meta-device model whose class has a per-module initialiser
     (``_init_weights``) is materialised one block at a time just before that block is sharded, so a rank never
     holds more than its shards plus one full block; other meta models are initialised after sharding.
-    ``mesh``: the data-parallel mesh (with tensor parallelism: the dp dimension); default from ``cfg``."""
+    ``mesh``: the data-parallel mesh (with tensor parallelism: the dp dimension); default from ``cfg``.
+    ``experts_mesh``: with expert parallelism, the (edp, ep) mesh; each block's experts are sharded over edp first."""
     reshard = cfg.sharding_strategy in ("FULL_SHARD", "HYBRID_SHARD")
     if cfg.reshard_after_forward is not None:
         reshard = cfg.reshard_after_forward
@@ -157,6 +158,9 @@ def apply_fsdp(model: nn.Module, cfg: FSDPConfig, precision: str, device: torch.
         for i, block in enumerate(blocks):
             if init_module is not None:  # materialise this block in full (same values on every rank), then shard it
                 _materialize_modules(block.modules(), device, init_module, provided, allocated)
+            if experts_mesh is not None:
+                expert_parallel.shard_experts(block, experts_mesh, mp_policy=kwargs["mp_policy"],
+                                              offload_policy=kwargs["offload_policy"])
             if cfg.auto_wrap:  # the last block's parameters are needed right away by backward: keep them gathered
                 fully_shard(block, reshard_after_forward=reshard and i < len(blocks) - 1, **kwargs)
         if init_module is not None:
@@ -277,6 +281,9 @@ def parallelize(model: nn.Module, *, fsdp: FSDPConfig | None, compile_cfg: Compi
     tp = tp if tp is not None and tp.tensor_parallel_degree > 1 else None
     if tp is not None:
         tensor_parallel.check_tensor_parallel(model, tp, fsdp, world_size)
+    ep = expert_parallel.expert_parallel_degree(model)
+    if ep > 1:
+        expert_parallel.check_expert_parallel(ep, fsdp, world_size, tp is not None)
     if fsdp is not None:
         fsdp1_notices(fsdp)
     if fsdp is not None and fsdp.cpu_offload and device.type != "cuda":
@@ -301,6 +308,14 @@ def parallelize(model: nn.Module, *, fsdp: FSDPConfig | None, compile_cfg: Compi
         tensor_parallel.apply_tensor_parallel(model, tp, mesh["tp"])
         if fsdp is not None:
             apply_fsdp(model, fsdp, precision, device, world_size, seed, mesh=mesh["dp"])
+        wrapped = model
+    elif ep > 1:  # experts split over ep ranks (on whole weights), then FSDP2: experts over edp, the rest over all
+        if meta:
+            materialize(model, device, seed)
+            meta = False
+        mesh = expert_parallel.ep_mesh(device.type, ep, world_size)
+        expert_parallel.apply_expert_parallel(model, mesh["ep"])
+        apply_fsdp(model, fsdp, precision, device, world_size, seed, experts_mesh=mesh)
         wrapped = model
     elif fsdp is not None and world_size > 1:
         if fsdp.sync_module_states and not meta:

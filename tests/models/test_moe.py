@@ -208,7 +208,8 @@ def test_moe_keys_are_checked():
 
     assert "ffn_config.moe_num_experts: only used with ffn_type mb_moe" in problems(moe_num_experts=4)
     assert "moe_top_k: between 1 and moe_num_experts=4" in problems(**{**MOE, "moe_top_k": 5})
-    assert "expert parallelism is not implemented yet (#15)" in problems(**{**MOE, "moe_world_size": 2})
+    assert f"moe_world_size: the ranks sharing the experts must divide moe_num_experts={MOE['moe_num_experts']}" in \
+        problems(**{**MOE, "moe_world_size": MOE["moe_num_experts"] + 1})
     assert "weight parallelism is not implemented yet (#15)" in problems(**{**MOE, "moe_weight_parallelism": True})
     assert "moe_jitter_eps: in [0, 1)" in problems(**{**MOE, "moe_jitter_eps": 1.5})
 

@@ -15,3 +15,4 @@ TINY_MPT = {"d_model": 32, "n_heads": 2, "n_layers": 2, "expansion_ratio": 2, "m
 # the tiny dense FFN's, and key/value heads that divide TINY_MPT's n_heads (grouped-query attention stays on)
 TINY_FFN_HIDDEN = TINY_MPT["d_model"] * TINY_MPT["expansion_ratio"]
 TINY_KV_HEADS = 1
+TINY_EXPERT_PARALLEL = 2  # ranks a recipe with moe_world_size > 1 runs on (its experts split over them)

@@ -15,7 +15,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.recipes.helpers import MDS_SEQ, REPO, TINY_FFN_HIDDEN, TINY_KV_HEADS, TINY_MPT, TINY_SEQ
+from tests.recipes.helpers import (
+    MDS_SEQ,
+    REPO,
+    TINY_EXPERT_PARALLEL,
+    TINY_FFN_HIDDEN,
+    TINY_KV_HEADS,
+    TINY_MPT,
+    TINY_SEQ,
+)
 
 RECIPES = sorted(
     p.relative_to(REPO).as_posix()
@@ -100,6 +108,8 @@ def train_overrides(recipe: str, raw: dict, tmp_path: Path, fixtures: dict) -> l
             out.append(f"model.ffn_config.ffn_hidden_size={TINY_FFN_HIDDEN}")
         if "kv_n_heads" in (model.get("attn_config") or {}):
             out.append(f"model.attn_config.kv_n_heads={TINY_KV_HEADS}")
+        if (model.get("ffn_config") or {}).get("moe_world_size", 1) > 1:  # expert parallelism: over 2 ranks
+            out.append(f"model.ffn_config.moe_world_size={TINY_EXPERT_PARALLEL}")
         if "mbmoe_tok_per_expert" in (raw.get("callbacks") or {}):  # log on the last of the 2 batches
             out.append("callbacks.mbmoe_tok_per_expert.log_interval=2")
     elif model["name"] == "hf_causal_lm":
@@ -164,6 +174,8 @@ def run_train_recipe(recipe: str, tmp_path: Path, fixtures: dict) -> dict:
         assert cfg.train_loader.settings.dataset.local == str(fixtures["mds_root"])
     if cfg.tp_config is not None and cfg.tp_config.tensor_parallel_degree > 1:  # one TP group: that many ranks
         return run_under_torchrun(recipe, overrides, cfg.tp_config.tensor_parallel_degree, tmp_path)
+    if cfg.model.name == "mpt_causal_lm" and cfg.model.settings.ffn_config.moe_world_size > 1:
+        return run_under_torchrun(recipe, overrides, TINY_EXPERT_PARALLEL, tmp_path)
     try:
         metrics = Trainer(cfg, plain).fit()
     finally:

@@ -74,9 +74,9 @@ def moe_problems(f: Any, p: str) -> list[str]:
                         f"got {norm!r}")
     if f.moe_loss_weight is not None and f.moe_loss_weight < 0:
         problems.append(f"{p}.moe_loss_weight: at least 0, got {f.moe_loss_weight}")
-    if f.moe_world_size != 1:
-        problems.append(f"{p}.moe_world_size: {f.moe_world_size}: expert parallelism is not implemented yet (#15); "
-                        "use moe_world_size: 1 (FSDP shards the experts' weights like any other)")
+    if f.moe_world_size < 1 or f.moe_num_experts % f.moe_world_size:
+        problems.append(f"{p}.moe_world_size: the ranks sharing the experts must divide moe_num_experts="
+                        f"{f.moe_num_experts} (each rank keeps as many), got {f.moe_world_size}")
     if f.moe_weight_parallelism:
         problems.append(f"{p}.moe_weight_parallelism: expert weight parallelism is not implemented yet (#15); set it "
                         "to false (FSDP shards the experts' weights like any other)")
@@ -164,10 +164,12 @@ class ExpertMLP(nn.Module):
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:  # x: (M, d) grouped by expert
         dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
         x = x.to(dtype)  # autocast does not cover _grouped_mm: cast as F.linear would
-        h = self.act(grouped_matmul(x, self.w1.to(dtype).transpose(1, 2), counts, self.grouped))  # (M, h)
+        # _local: under expert parallelism (train/expert_parallel.py) the weights are split by expert across ranks
+        # and x holds the rows of this rank's experts; counts then has one entry per local expert
+        h = self.act(grouped_matmul(x, _local(self.w1).to(dtype).transpose(1, 2), counts, self.grouped))  # (M, h)
         if self.glu:
-            h = h * grouped_matmul(x, self.v1.to(dtype).transpose(1, 2), counts, self.grouped)
-        return grouped_matmul(h, self.w2.to(dtype), counts, self.grouped)  # (M, d)
+            h = h * grouped_matmul(x, _local(self.v1).to(dtype).transpose(1, 2), counts, self.grouped)
+        return grouped_matmul(h, _local(self.w2).to(dtype), counts, self.grouped)  # (M, d)
 
     def extra_repr(self) -> str:
         return f"experts={self.num_experts}, d_model={self.d_model}, hidden={self.hidden}, glu={self.glu}"

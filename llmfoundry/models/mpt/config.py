@@ -112,7 +112,8 @@ class FFNConfig:
         "default 0.1 for mb_moe/mb_dmoe (MegaBlocks'), 0 for torch_dmoe (llm-foundry's has no such loss)")
     moe_lbl_in_fp32: bool = option(False, "MoE: compute the load-balancing loss in float32")
     moe_weight_parallelism: bool = option(False, "MoE: MegaBlocks' weight parallelism (not implemented yet: false)")
-    moe_world_size: int = option(1, "MoE: expert-parallel group size (expert parallelism is not implemented yet: 1)")
+    moe_world_size: int = option(1, "MoE: expert parallelism: consecutive ranks that split the experts among them "
+                                    "(divides moe_num_experts and the world size; needs fsdp_config)")
     uniform_expert_assignment: bool = option(
         False, "MoE benchmarking: route token i's j-th choice to expert (i * top_k + j) mod experts")
     mlp_type: Literal["mlp", "glu"] = option("mlp", "MoE: each expert an MLP (w1, w2) or a GLU (w1, v1, w2)")
