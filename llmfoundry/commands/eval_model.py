@@ -73,8 +73,9 @@ def shard_for_eval(model: torch.nn.Module, cfg: EvalConfig, device: torch.device
     if not callable(getattr(model, "blocks", None)):  # a transformers model: what parallel.apply_fsdp asks for
         layers = HFCausalLM(model).blocks()
         model.blocks = lambda: layers
+    # (an MoE model's moe_world_size is a training layout: FSDP2 shards its experts here, with the same results)
     return parallel.parallelize(model, fsdp=cfg.fsdp_config, compile_cfg=None, precision=cfg.precision,
-                                device=device, world_size=world_size, seed=cfg.seed)
+                                device=device, world_size=world_size, seed=cfg.seed, expert_parallel_ok=False)
 
 
 def evaluate_model(run: EvalRun, spec) -> dict[str, Any]:

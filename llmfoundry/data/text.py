@@ -25,6 +25,7 @@ num_canonical_nodes, shuffle_seed), so a run resumed on a different number of ra
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import tempfile
@@ -305,12 +306,40 @@ def _is_missing_data(error: BaseException) -> bool:
     return objectstore.is_missing(error) or "does not exist" in text or "no such file" in text
 
 
+SHM_REGISTRATION_LOCK = os.path.join(tempfile.gettempdir(), "llmfoundry-streaming-shm.lock")
+
+
+@contextlib.contextmanager
+def shm_registration_lock():
+    """Held by each job's local leader while it builds a StreamingDataset.
+
+    streaming registers a dataset by scanning /dev/shm for the first free prefix and then creating it; two jobs
+    on one machine that start together can pick the same prefix, and one fails with ``FileExistsError:
+    '/000123_locals'``. Only the local leader creates that block (its other ranks attach to it), so a machine-wide
+    file lock taken by leaders alone serialises registration without holding up the ranks a leader waits for."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): streaming's own scan is all there is
+        yield
+        return
+    if not streaming.base.world.World.detect().is_local_leader:
+        yield
+        return
+    with open(SHM_REGISTRATION_LOCK, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def make_streaming_dataset(cls, settings: StreamingOptions, batch_size: int, key: str, **extra):
     """Instantiate a StreamingDataset subclass (``extra``: its own arguments), turning streaming's errors about
     missing or empty data into ConfigErrors (our own ConfigErrors pass through unchanged)."""
     kwargs = streaming_kwargs(settings, batch_size, key)
     try:
-        return cls(**kwargs, **extra)
+        with shm_registration_lock():
+            return cls(**kwargs, **extra)
     except ConfigError:
         raise
     except Exception as error:

@@ -6,8 +6,8 @@ Export picks the transformers class that can express the architecture:
 * ``LlamaForCausalLM`` for RoPE + RMSNorm + gated MLP (SwiGLU or another activation), with any kv_n_heads;
 * ``GPT2LMHeadModel`` for learned positions + multi-head attention + LayerNorm + MLP (llm-foundry's default MPT
   architecture, with or without biases: missing biases are exported as zeros);
-* ``DbrxForCausalLM`` for any mixture-of-experts MPT (ffn_type mb_moe, mb_dmoe, torch_dmoe) with GLU experts,
-  RoPE, bias-free LayerNorm (eps 1e-5) and no biases, with any kv_n_heads and clip_qkv. DBRX always has an
+* ``DbrxForCausalLM`` for a mixture-of-experts MPT with GLU experts (ffn_type mb_dmoe or torch_dmoe: mb_moe's are
+  MLPs), RoPE, bias-free LayerNorm (eps 1e-5) and no biases, with any kv_n_heads and clip_qkv. DBRX always has an
   lm_head of its own, so a tied MPT exports its embedding twice (the same function).
 
 Anything else is a ConfigError that names each option that stands in the way, because a silently different
@@ -326,6 +326,12 @@ def _gpt2_from_state(arch: MPTArch, state: dict, tokens: dict) -> nn.Module:
     return _load_into(GPT2LMHeadModel, config, out)
 
 
+# transformers' DbrxAttention (5.x) clamps q/k/v with clip_qkv as both bounds and fails when it is None (torch.clamp
+# with neither bound): a model without clipping is written with the widest float32, which clamps nothing finite,
+# and read back as None (hf_import).
+DBRX_NO_CLIP = float(torch.finfo(torch.float32).max)
+
+
 def _dbrx_from_state(arch: MPTArch, state: dict, tokens: dict) -> nn.Module:
     a, f = arch.attn_config, arch.ffn_config
     theta = float(a.rope_theta)
@@ -334,8 +340,8 @@ def _dbrx_from_state(arch: MPTArch, state: dict, tokens: dict) -> nn.Module:
         vocab_size=arch.vocab_size, resid_pdrop=float(arch.resid_pdrop), emb_pdrop=float(arch.emb_pdrop),
         # DBRX's own code, transformers 4.x and DbrxAttention read attn_config.rope_theta; 5.x's rotary tables
         # read rope_parameters: both are written
-        attn_config={"attn_pdrop": float(a.attn_pdrop), "clip_qkv": a.clip_qkv, "kv_n_heads": arch.kv_heads,
-                     "rope_theta": theta},
+        attn_config={"attn_pdrop": float(a.attn_pdrop), "kv_n_heads": arch.kv_heads, "rope_theta": theta,
+                     "clip_qkv": DBRX_NO_CLIP if a.clip_qkv is None else a.clip_qkv},
         ffn_config={"ffn_act_fn": {"name": _ACT_TO_HF[_act(arch)]}, "ffn_hidden_size": arch.ffn_hidden,
                     "moe_num_experts": f.moe_num_experts, "moe_top_k": f.moe_top_k,
                     "moe_jitter_eps": f.moe_jitter_eps, "moe_loss_weight": float(loss_weight(f)),

@@ -20,7 +20,13 @@ from torch import nn
 from transformers import AutoModelForCausalLM
 
 from llmfoundry.core.errors import ConfigError, first_line
-from llmfoundry.models.hf_export import DBRX_BLOCK_TENSORS, DBRX_EPS, DBRX_EXPERT_TENSORS, GPT2_BLOCK_LAYERS
+from llmfoundry.models.hf_export import (
+    DBRX_BLOCK_TENSORS,
+    DBRX_EPS,
+    DBRX_EXPERT_TENSORS,
+    DBRX_NO_CLIP,
+    GPT2_BLOCK_LAYERS,
+)
 from llmfoundry.models.layers.positional import ROPE_SCALING_KEYS
 from llmfoundry.models.llm_foundry_mpt import (
     arch_from_llm_foundry,
@@ -153,7 +159,8 @@ def _dbrx_values(config) -> dict[str, Any]:
         raise ConfigError(f"model: activation '{act}' is not supported by mpt_causal_lm")
     if a.kv_n_heads != config.n_heads:
         attn.update(attn_type="grouped_query_attention", kv_n_heads=a.kv_n_heads)
-    attn.update(clip_qkv=a.clip_qkv, attn_pdrop=a.attn_pdrop)
+    clip = None if a.clip_qkv is None or a.clip_qkv >= DBRX_NO_CLIP else a.clip_qkv  # our export's "no clipping"
+    attn.update(clip_qkv=clip, attn_pdrop=a.attn_pdrop)
     norm = f.moe_normalize_expert_weights
     return dict(
         d_model=config.d_model, n_heads=config.n_heads, n_layers=config.n_layers, max_seq_len=config.max_seq_len,

@@ -6,7 +6,9 @@ llm-foundry's MPTConfig (``ffn_config``, ``norm_eps``, ``fc_type``, ``init_confi
 biases, ... that transformers' MptForCausalLM cannot run. Our MPT uses llm-foundry's keys and parameter names,
 so config.json is read as plain JSON and mapped onto ``MPTArch``, and the weights are read as tensors only
 (safetensors, or ``torch.load(weights_only=True)``); the folder's Python files are never imported. An option our
-MPT cannot reproduce is a ConfigError naming it.
+MPT cannot reproduce is a ConfigError naming it. Mixture-of-experts MPTs (ffn_type mb_moe, mb_dmoe, torch_dmoe) keep
+their moe_* options and have their expert matrices moved from llm-foundry's layouts to ours
+(layers.moe.expert_weight_from_llm_foundry).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from safetensors.torch import load_file
 from transformers import PretrainedConfig
 
 from llmfoundry.core.errors import ConfigError, first_line
+from llmfoundry.models.layers.moe import MOE_KEYS, expert_weight_from_llm_foundry, is_moe
 from llmfoundry.models.mpt.config import ARCH_KEYS, MPTArch, from_dict
 
 # Keys that only an llm-foundry MPTConfig writes (transformers' MptConfig has none of them).
@@ -40,6 +43,9 @@ _ATTN_OFF = {
     "seq_parallel_world_size": (lambda v: v in (None, 1), "sequence parallelism (llm-foundry refuses it too)"),
     "attn_temperature_tuning": (lambda v: not v or not v.get("attn_scale"), "attention temperature tuning"),
 }
+# MegaBlocks keys an MoE's ffn_config may hold that say how it was trained, not what it computes: the expert-parallel
+# ranks (moe_world_size, device_mesh: the caller's values apply) and those its load-balancing loss is averaged over.
+_MOE_TRAINING_ONLY = ("moe_world_size", "device_mesh", "lbl_process_group")
 # Names llm-foundry gives the unfused q/k/v projections (attn_config.fused_qkv: false) -> ours.
 _UNFUSED_QKV = {".attn.Wq.": ".attn.q_proj.", ".attn.Wk.": ".attn.k_proj.", ".attn.Wv.": ".attn.v_proj."}
 
@@ -107,9 +113,19 @@ def _ffn_values(ffn: dict[str, Any], fc_type: Any, problems: list[str]) -> dict[
     if fc is not None and fc not in (fc_type, {"name": fc_type}):
         problems.append(f"ffn_config.fc_type: {fc!r} differs from fc_type {fc_type!r}; mpt_causal_lm has one fc_type")
     known = {"ffn_type", "ffn_hidden_size", "ffn_act_fn"}
-    for key in sorted(set(ffn) - known):  # mixture-of-experts and TransformerEngine options
+    if is_moe(ffn.get("ffn_type", "")):
+        known |= {key for key, _ in MOE_KEYS}
+        for key in _MOE_TRAINING_ONLY:
+            ffn.pop(key, None)
+        if ffn.pop("return_bias", False):  # llm-foundry sets it false: the output bias is added inside the layer
+            problems.append("ffn_config.return_bias: True cannot be imported: mpt_causal_lm's MoE adds its output "
+                            "bias itself (llm-foundry writes false)")
+        if ffn.get("ffn_type") == "mb_moe":
+            ffn.pop("mlp_type", None)  # MegaBlocks' MoE (mb_moe) ignores it: its experts are MLPs (w1, w2)
+    for key in sorted(set(ffn) - known):  # TransformerEngine and MegaBlocks options our MPT lacks
         problems.append(f"ffn_config.{key}: {ffn[key]!r} cannot be imported: mpt_causal_lm has dense mptmlp and "
-                        "mptglu FFNs only (no mixture of experts or TransformerEngine layers)")
+                        "mptglu FFNs and a dropless mixture of experts with the moe_* options of its config "
+                        "reference only (no TransformerEngine layers or other MegaBlocks options)")
     return {k: v for k, v in ffn.items() if k in known}
 
 
@@ -149,12 +165,15 @@ def _read_weight_file(file: Path) -> dict[str, torch.Tensor]:
 
 
 def state_from_llm_foundry(arch: MPTArch, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """llm-foundry's MPT parameter names -> ours (the same but for unfused q/k/v); a tied head has no lm_head."""
+    """llm-foundry's MPT parameter names -> ours (the same but for unfused q/k/v); a tied head has no lm_head; an
+    MoE's expert matrices from llm-foundry's layout of its ffn_type to ours (layers.moe)."""
     ours = {}
+    ffn_type = arch.ffn_config.ffn_type
+    experts = (arch.ffn_config.moe_num_experts, arch.ffn_hidden, arch.d_model)
     for name, tensor in state.items():
         for theirs, mine in _UNFUSED_QKV.items():
             name = name.replace(theirs, mine)
         if name == "lm_head.weight" and arch.tie_word_embeddings:
             continue  # the same tensor as transformer.wte.weight
-        ours[name] = tensor
+        ours[name] = expert_weight_from_llm_foundry(name, tensor, ffn_type, experts, "weight")
     return ours

@@ -10,7 +10,9 @@ Anything else in the file is refused with a one-line error, never executed.
 What is used: ``state.model`` (names under Composer's wrapper, ``model.``), the optimizer's per-parameter state
 (``state.optimizers.<class>``), ``state.schedulers.LambdaLR``, ``state.timestamp``, ``state.dataset_state.train``
 (the streaming loader's position), the per-rank RNG, and ``state.integrations.huggingface`` (the model's
-config.json and the tokenizer files, for ``llmfoundry convert``).
+config.json and the tokenizer files, for ``llmfoundry convert``). A mixture-of-experts MPT's expert matrices (and
+their optimizer state) are moved from llm-foundry's layout to ours on load (layers.moe.expert_weight_from_llm_foundry);
+the Hugging Face folder keeps llm-foundry's, which llmfoundry.models.llm_foundry_mpt converts when it reads it.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.torch_version import TorchVersion
 
 from llmfoundry.core.errors import ConfigError, first_line, refusal_reason
+from llmfoundry.models.layers.moe import expert_weight_from_llm_foundry
 from llmfoundry.train.dcp_reading import (
     SafeFileSystemReader,
     SafeLoadPlanner,
@@ -236,6 +239,7 @@ def load_into_training(
         if ignore and ignore.model_key(name):
             continue
         if prefix + name in ours:
+            value = _ours(name, value, model, ours[prefix + name], f"{where} weight")
             state[prefix + name] = _like(value, ours[prefix + name], f"{where} weight '{name}'")
     missing = sorted(k for k in ours if k not in state and not (ignore and ignore.model_key(k[len(prefix):]))
                      and not _is_tied_head(k, model))
@@ -277,6 +281,17 @@ def _is_tied_head(name: str, model: torch.nn.Module) -> bool:
     return name.endswith("lm_head.weight") and bool(getattr(config, "tie_word_embeddings", False))
 
 
+def _ffn_type(model: torch.nn.Module) -> str | None:
+    """The ffn_type of our MPT (None for other models), which says how llm-foundry laid out its expert matrices."""
+    arch = getattr(model, "arch", None)
+    return getattr(getattr(arch, "ffn_config", None), "ffn_type", None)
+
+
+def _ours(name: str, value: torch.Tensor, model: torch.nn.Module, current: Any, what: str) -> torch.Tensor:
+    """A weight (or optimizer state of its shape) of Composer's model in our layout: MoE expert matrices differ."""
+    return expert_weight_from_llm_foundry(name, value, _ffn_type(model), current.shape, what)
+
+
 def _like(value: torch.Tensor, current: Any, what: str) -> Any:
     """``value`` (a full tensor) in the dtype and layout of ``current`` (a DTensor shard under FSDP2)."""
     if tuple(value.shape) != tuple(current.shape):
@@ -310,9 +325,10 @@ def _load_optimizer(checkpoint: ComposerCheckpoint, model, optimizer, optimizer_
             saved = checkpoint.optimizer_state.get(name[len(prefix):])
             if saved is None:
                 continue
-            state[name] = {k: (v.to(torch.float32) if k == "step" else _like(v, params[name], f"{where} optimizer "
-                                                                              f"state '{name}.{k}'"))
-                           if isinstance(v, torch.Tensor) else v for k, v in saved.items()}
+            state[name] = {k: (v.to(torch.float32) if k == "step" else _like(
+                _ours(name[len(prefix):], v, model, params[name], f"{where} optimizer state ({k}) of"), params[name],
+                f"{where} optimizer state '{name}.{k}'")) if isinstance(v, torch.Tensor) else v
+                for k, v in saved.items()}
     set_optimizer_state_dict(model, optimizer, {"state": state, "param_groups": ours["param_groups"]},
                              options=StateDictOptions(strict=False))
     for group, saved in zip(optimizer.param_groups, checkpoint.param_groups):

@@ -271,9 +271,11 @@ def pretrained_files(model: nn.Module) -> PretrainedWeights | None:
 
 # ----------------------------------------------------------------------------------------------- entry point
 def parallelize(model: nn.Module, *, fsdp: FSDPConfig | None, compile_cfg: CompileConfig | None, precision: str,
-                device: torch.device, world_size: int, seed: int, tp: TPConfig | None = None) -> nn.Module:
-    """Apply activation checkpointing, compile, tensor parallelism, FSDP2/DDP to ``model`` (a
-    models.interface.CausalLM); materialise a meta model. Returns the module to call.
+                device: torch.device, world_size: int, seed: int, tp: TPConfig | None = None,
+                expert_parallel_ok: bool = True) -> nn.Module:
+    """Apply activation checkpointing, compile, tensor or expert parallelism, FSDP2/DDP to ``model`` (a
+    models.interface.CausalLM); materialise a meta model. Returns the module to call. ``expert_parallel_ok``:
+    False shards an MoE model's experts with FSDP2 alone, whatever its moe_world_size (evaluation).
 
     With FSDP2 or TP the returned module *is* ``model`` (sharded in place); with DDP it wraps ``model``.
     """
@@ -281,7 +283,7 @@ def parallelize(model: nn.Module, *, fsdp: FSDPConfig | None, compile_cfg: Compi
     tp = tp if tp is not None and tp.tensor_parallel_degree > 1 else None
     if tp is not None:
         tensor_parallel.check_tensor_parallel(model, tp, fsdp, world_size)
-    ep = expert_parallel.expert_parallel_degree(model)
+    ep = expert_parallel.expert_parallel_degree(model) if expert_parallel_ok else 1
     if ep > 1:
         expert_parallel.check_expert_parallel(ep, fsdp, world_size, tp is not None)
     if fsdp is not None:

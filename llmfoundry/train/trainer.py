@@ -306,7 +306,8 @@ class Trainer:
         num_samples = device_batch["input_ids"].size(0)
         targets = dist.all_reduce_sum(self.loss.targets(device_batch["labels"]).float())
         if not self.cfg.accumulate_train_batch_on_tokens:  # Composer's per-sample rule: normalise by samples
-            targets = targets.new_tensor(float(num_samples * self.dist.world_size))  # (x tp: all ranks count)
+            # (every rank's samples, a TP group's counted once per rank: it cancels with the world-size scaling)
+            targets = targets.new_tensor(float(num_samples * self.dist.world_size))
         while True:
             self.train_metrics.reset()
             try:

@@ -1,5 +1,6 @@
 """torchrun entry point for tests: `llmfoundry train` plus a `record_samples` callback that writes, per rank and
-batch, a hash of every sample row trained on (to check that no sample is seen twice)."""
+batch, a hash of every sample row trained on (to check that no sample is seen twice), and a `record_shapes`
+callback that writes the shape of each parameter's local part on each rank (to check how the model was split)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,19 @@ class RecordSamples(Callback):
 
 
 callbacks.register("record_samples", config=RecordSamplesSettings)(lambda s: RecordSamples(s))
+
+
+class RecordShapes(Callback):
+    def __init__(self, settings: RecordSamplesSettings):
+        self.folder = settings.folder
+
+    def on_fit_start(self, trainer):
+        shapes = {name: list(getattr(p, "_local_tensor", p).shape) for name, p in trainer.model.named_parameters()}
+        with open(f"{self.folder}/shapes-rank{trainer.dist.rank}.json", "w") as f:
+            json.dump(shapes, f)
+
+
+callbacks.register("record_shapes", config=RecordSamplesSettings)(lambda s: RecordShapes(s))
 
 if __name__ == "__main__":
     from llmfoundry.cli import main

@@ -120,3 +120,19 @@ def seen_rows(folder: Path) -> list[dict]:
     for path in sorted(folder.glob("samples-*.jsonl")):
         rows += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return rows
+
+
+class SharedRuns:
+    """Training jobs run at most once per test module (several tests compare the same runs): ``run(name, recipe,
+    nproc)`` starts the job the first time and returns its jsonl metrics file every time. Recipes name their
+    files inside ``folder``."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.done: set[str] = set()
+
+    def __call__(self, name: str, recipe: dict, nproc: int, timeout: float = 600) -> Path:
+        if name not in self.done:
+            run_job(recipe, self.folder, name, nproc=nproc, timeout=timeout)
+            self.done.add(name)
+        return self.folder / f"{name}.jsonl"

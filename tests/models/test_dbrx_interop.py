@@ -78,6 +78,16 @@ def test_moe_mpt_exports_to_native_dbrx_with_the_same_logits(tmp_path, tokenizer
     assert _max_diff(theirs, ours, x, mask) > 1e-2
 
 
+def test_a_model_without_clip_qkv_exports_to_a_dbrx_transformers_can_run_and_comes_back_unclipped(tmp_path, tokenizer):
+    """transformers' DBRX clamps with clip_qkv as both bounds and fails on None: the export writes the widest float."""
+    ours = _ours(attn_config={"clip_qkv": None})
+    export_hf(ours, tokenizer, tmp_path)
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=False).eval()
+    x, mask = padded_tokens()
+    assert _max_diff(theirs, ours, x, mask) <= 1e-4
+    assert load_as_mpt(tmp_path).arch.attn_config.clip_qkv is None
+
+
 def test_native_dbrx_imports_as_moe_mpt_with_the_same_logits(tmp_path, tokenizer):
     theirs = _dbrx()
     theirs.save_pretrained(tmp_path)
@@ -168,7 +178,7 @@ def test_rope_scaling_travels_both_ways():
 
 
 @pytest.mark.parametrize("ffn_type, act, hf_name", [("mb_dmoe", None, "gelu_pytorch_tanh"),  # MegaBlocks' default
-                                                    ("torch_dmoe", None, "gelu"), ("mb_moe", {"name": "relu"}, "relu")])
+                                                    ("torch_dmoe", None, "gelu"), ("mb_dmoe", {"name": "relu"}, "relu")])
 def test_expert_activations_keep_their_meaning(ffn_type, act, hf_name):
     ours = _ours(ffn_config={"ffn_type": ffn_type, "ffn_act_fn": act})
     theirs = to_transformers(ours)

@@ -280,3 +280,19 @@ def test_fsdp2_on_two_ranks_shards_the_experts_and_matches_one_process(recipe, t
     assert 0 < losses(tmp_path / "meta.jsonl")[1] < 10
     w1 = checkpoint_weights(tmp_path / "ck" / "ep0-ba1")["transformer.blocks.0.ffn.experts.mlp.w1"]
     assert w1.shape == (4, 64, 32) and all(float(w1[e].std()) > 0 for e in range(4))
+
+
+def test_moe_world_size_is_a_training_layout_that_evaluation_leaves_to_fsdp():
+    """Training with moe_world_size: 2 on one process cannot split the experts (a one-line error); evaluation of
+    the same model shards the experts with FSDP2 alone (no expert parallelism), so any world size runs it."""
+    from llmfoundry.train import parallel
+
+    def place(**kwargs):
+        model = moe_model(moe_world_size=2)
+        return parallel.parallelize(model, fsdp=None, compile_cfg=None, precision="fp32", device=torch.device("cpu"),
+                                    world_size=1, seed=0, **kwargs)
+
+    with pytest.raises(ConfigError, match="moe_world_size: 2 does not divide the world size 1"):
+        place()
+    model = place(expert_parallel_ok=False)
+    assert model(input_ids=torch.tensor([[1, 2, 3]])).logits.shape[:2] == (1, 3)

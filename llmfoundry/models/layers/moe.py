@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from llmfoundry.core.errors import ConfigError
 from llmfoundry.models.layers.ffn import build_activation
 from llmfoundry.models.layers.init import init_module
 
@@ -77,6 +78,10 @@ def moe_problems(f: Any, p: str) -> list[str]:
     if f.moe_world_size < 1 or f.moe_num_experts % f.moe_world_size:
         problems.append(f"{p}.moe_world_size: the ranks sharing the experts must divide moe_num_experts="
                         f"{f.moe_num_experts} (each rank keeps as many), got {f.moe_world_size}")
+    if f.ffn_type == "mb_moe" and f.mlp_type == "glu":
+        problems.append(f"{p}.mlp_type: glu with ffn_type mb_moe: MegaBlocks' mb_moe builds MLP experts whatever "
+                        "mlp_type says, so llm-foundry trains MLPs from this recipe; set mlp_type: mlp, or ffn_type: "
+                        "mb_dmoe for GLU experts")
     if f.moe_weight_parallelism:
         problems.append(f"{p}.moe_weight_parallelism: expert weight parallelism is not implemented yet (#15); set it "
                         "to false (FSDP shards the experts' weights like any other)")
@@ -255,6 +260,34 @@ def init_experts(module: nn.Module, arch: Any) -> None:
 
 def _local(p: torch.Tensor) -> torch.Tensor:
     return p.to_local() if hasattr(p, "to_local") else p
+
+
+def expert_weight_from_llm_foundry(name: str, tensor: torch.Tensor, ffn_type: str | None, shape: Any,
+                                   where: str = "") -> torch.Tensor:
+    """One tensor of llm-foundry's MoE MPT (a weight, or optimizer state of its shape such as exp_avg) in our
+    layout: ``shape`` is our parameter's, (E, ffn_hidden_size, d_model). Identity for anything but an expert matrix.
+
+    llm-foundry's layouts: mb_dmoe (MegaBlocks' SparseMLP/SparseGLU and their grouped versions) and torch_dmoe hold
+    w1, v1, w2 flat, (E * ffn_hidden_size, d_model), one row block per expert: ours by a reshape. mb_moe (MegaBlocks'
+    MLP, batched matmuls ``bmm(act(bmm(x, w1)), w2)``) holds w1 as (E, d_model, ffn_hidden_size): ours is its
+    transpose (v1 taken alike, though MegaBlocks' mb_moe experts are always MLPs); its w2 is ours as it is. When
+    ffn_hidden_size == d_model the shapes cannot tell the layouts apart, so the ffn_type decides, never the shape.
+    A tensor of another size is a ConfigError naming it (``where`` says which checkpoint)."""
+    kind = name.rsplit(".", 1)[-1]
+    if not is_moe(ffn_type or "") or kind not in ("w1", "v1", "w2") or not f".{name}".endswith(f".experts.mlp.{kind}"):
+        return tensor
+    experts, hidden, d_model = (int(n) for n in shape)
+    if ffn_type == "mb_moe":
+        layout = (experts, d_model, hidden) if kind != "w2" else (experts, hidden, d_model)
+    else:
+        layout = (experts * hidden, d_model)
+    if tuple(tensor.shape) != layout:
+        raise ConfigError(f"{where}{' ' if where else ''}'{name}' has shape {tuple(tensor.shape)}, llm-foundry's "
+                          f"{ffn_type} layout for this model ({experts} experts, ffn_hidden_size {hidden}, d_model "
+                          f"{d_model}) is {layout}; the checkpoint's model differs from the one it is loaded into")
+    if ffn_type == "mb_moe" and kind != "w2":
+        return tensor.transpose(1, 2).contiguous()
+    return tensor.reshape(experts, hidden, d_model)
 
 
 def active_share(param_name: str, ffn_config: Any) -> float:
