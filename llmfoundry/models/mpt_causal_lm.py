@@ -33,6 +33,10 @@ def build_mpt(settings: MPTModelSettings, tokenizer) -> MPTForCausalLM:
     if settings.loss_fn == "fused_crossentropy":
         notice_once("model.loss_fn: fused_crossentropy has no fused kernel here; training uses the plain "
                     "cross-entropy (the same values), as with torch_crossentropy")
+    if arch.ffn_config.ffn_type == "mb_moe":
+        notice_once("model.ffn_config.ffn_type: mb_moe is dropless here; llm-foundry's (MegaBlocks') mb_moe drops a "
+                    "token's choice once its expert holds moe_capacity_factor (1) x an even share, so an unbalanced "
+                    "router trains differently (mb_dmoe is dropless in both)")
     if settings.pretrained_model_name_or_path:
         path = settings.pretrained_model_name_or_path
         overrides = {k: getattr(arch, k) for k in RUNTIME_KEYS}

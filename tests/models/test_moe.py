@@ -4,15 +4,19 @@ FLOPs, the mbmoe_tok_per_expert callback, training through `llmfoundry train` an
 from __future__ import annotations
 
 import json
+import logging
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from llmfoundry.core import notices
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.models.layers.moe import DroplessMoE, ExpertMLP, grouped_matmul, load_balancing_loss
 from llmfoundry.models.mpt import MPTConfig, MPTForCausalLM
+from llmfoundry.models.mpt.config import MPTModelSettings, from_dict
+from llmfoundry.registry import models
 from tests.helpers import make_trainer, tiny_recipe
 from tests.models.helpers import tiny_config, tiny_model
 
@@ -296,3 +300,15 @@ def test_moe_world_size_is_a_training_layout_that_evaluation_leaves_to_fsdp():
         place()
     model = place(expert_parallel_ok=False)
     assert model(input_ids=torch.tensor([[1, 2, 3]])).logits.shape[:2] == (1, 3)
+
+
+@pytest.mark.parametrize("ffn_type, said", [("mb_moe", True), ("mb_dmoe", False), ("torch_dmoe", False)])
+def test_building_mb_moe_notes_that_megablocks_would_drop_tokens_over_capacity(ffn_type, said, caplog):
+    """MegaBlocks' mb_moe drops routed tokens over its capacity (factor 1); ours is dropless: a notice says so."""
+    notices._seen.clear()
+    settings = from_dict(MPTModelSettings, dict(d_model=32, n_heads=2, n_layers=2, vocab_size=64,
+                                                ffn_config={**MOE, "ffn_type": ffn_type}), "model")
+    with caplog.at_level(logging.WARNING, logger="llmfoundry"):
+        models.get("mpt_causal_lm").builder(settings, None)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("model.ffn_config.ffn_type: mb_moe")]
+    assert len(lines) == int(said) and all("\n" not in line and "moe_capacity_factor" in line for line in lines)
