@@ -25,7 +25,6 @@ num_canonical_nodes, shuffle_seed), so a run resumed on a different number of ra
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import tempfile
@@ -42,6 +41,7 @@ from llmfoundry.config.validate import Check
 from llmfoundry.core import dist, objectstore
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.data.shard_check import check_local_shards
+from llmfoundry.data.shm_registration import shm_registration_lock
 from llmfoundry.data.streaming_guard import import_streaming
 from llmfoundry.registry import dataloaders
 
@@ -304,33 +304,6 @@ def _is_missing_data(error: BaseException) -> bool:
     """Whether ``error`` (from streaming, botocore, a local read...) means "the object/file does not exist"."""
     text = str(error).lower()  # streaming words a missing local file in its own way
     return objectstore.is_missing(error) or "does not exist" in text or "no such file" in text
-
-
-SHM_REGISTRATION_LOCK = os.path.join(tempfile.gettempdir(), "llmfoundry-streaming-shm.lock")
-
-
-@contextlib.contextmanager
-def shm_registration_lock():
-    """Held by each job's local leader while it builds a StreamingDataset.
-
-    streaming registers a dataset by scanning /dev/shm for the first free prefix and then creating it; two jobs
-    on one machine that start together can pick the same prefix, and one fails with ``FileExistsError:
-    '/000123_locals'``. Only the local leader creates that block (its other ranks attach to it), so a machine-wide
-    file lock taken by leaders alone serialises registration without holding up the ranks a leader waits for."""
-    try:
-        import fcntl
-    except ImportError:  # no flock (Windows): streaming's own scan is all there is
-        yield
-        return
-    if not streaming.base.world.World.detect().is_local_leader:
-        yield
-        return
-    with open(SHM_REGISTRATION_LOCK, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def make_streaming_dataset(cls, settings: StreamingOptions, batch_size: int, key: str, **extra):

@@ -327,9 +327,9 @@ def _gpt2_from_state(arch: MPTArch, state: dict, tokens: dict) -> nn.Module:
 
 
 # transformers' DbrxAttention (5.x) clamps q/k/v with clip_qkv as both bounds and fails when it is None (torch.clamp
-# with neither bound): a model without clipping is written with the widest float32, which clamps nothing finite,
-# and read back as None (hf_import).
-DBRX_NO_CLIP = float(torch.finfo(torch.float32).max)
+# with neither bound): a model without clipping is written with float16's largest value, a bound every dtype the
+# model may run in can hold (float32's max overflows bf16/fp16 clamps), and read back as None (hf_import).
+DBRX_NO_CLIP = float(torch.finfo(torch.float16).max)
 
 
 def _dbrx_from_state(arch: MPTArch, state: dict, tokens: dict) -> nn.Module:

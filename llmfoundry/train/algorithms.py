@@ -96,7 +96,9 @@ def clip_adaptive_(param: torch.Tensor, threshold: float) -> None:
     """
     weight, grad = param.detach(), param.grad
     if isinstance(grad, DTensor):
-        if any(not (pl.is_replicate() or (pl.is_shard() and pl.dim == 0)) for pl in grad.placements):
+        # rows stay whole under any split of dim 0: FSDP2's Shard(0), and its _StridedShard(0) over the experts
+        # that expert parallelism split first (no is_shard() for that one: its dim says it)
+        if any(not (pl.is_replicate() or getattr(pl, "dim", None) == 0) for pl in grad.placements):
             raise ConfigError(f"algorithms.gradient_clipping.clipping_type: adaptive needs whole output rows per rank, "
                               f"got the sharding {grad.placements} (tensor parallelism: use norm or value)")
         if weight.ndim <= 1:

@@ -61,7 +61,9 @@ def ep_mesh(device_type: str, degree: int, world_size: int) -> DeviceMesh:
 
 
 def apply_expert_parallel(model: nn.Module, mesh: DeviceMesh) -> None:
-    """Split each MoE layer's experts over ``mesh`` (the ep dimension) and route rows to them by all-to-all."""
+    """Split each MoE layer's experts over ``mesh`` (the ep dimension) and route rows to them by all-to-all.
+    ``model``: a whole model, or one block (parallel.py calls it on each block of a meta model as soon as that block
+    is materialised, so that no rank ever holds all the experts of every layer)."""
     for module in model.modules():
         if not isinstance(module, ExpertMLP):
             continue

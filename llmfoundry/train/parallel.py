@@ -29,8 +29,11 @@ knobs with no FSDP2 meaning; set to a non-default value they are accepted with a
 
 A model built on the meta device (``init_device: meta``) is materialised block by block: each block is allocated and
 initialised with the model's per-module initialiser (``_init_weights``; the same values on every rank, from the
-seed) and sharded right away, so a rank holds its shards plus at most one full block. Models without a per-module
-initialiser are sharded first, then ``to_empty`` + ``init_parameters()`` run on the shards.
+seed) and sharded right away, so a rank holds its shards plus at most one full block. With tensor or expert
+parallelism the block is split over the TP / EP ranks before FSDP2 shards it, in the same walk. The modules are
+visited in ``model.modules()`` order, the order ``init_parameters()`` uses, so every layout starts from the values a
+one-rank meta run would have. Models without a per-module initialiser are sharded first, then ``to_empty`` +
+``init_parameters()`` run on the shards.
 
 A meta model built from a pretrained folder (``init_device: meta | mixed``; the builder attaches a
 ``models.pretrained_weights.PretrainedWeights``) initialises only what the folder lacks (rotary tables, new LoRA
@@ -46,6 +49,8 @@ import contextlib
 import functools
 import logging
 import os
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -135,12 +140,15 @@ def device_mesh(cfg: FSDPConfig, device: torch.device, world_size: int):
 
 
 def apply_fsdp(model: nn.Module, cfg: FSDPConfig, precision: str, device: torch.device, world_size: int,
-               seed: int = 0, mesh=None, experts_mesh=None) -> nn.Module:
+               seed: int = 0, mesh=None, experts_mesh=None,
+               prepare_block: Callable[[nn.Module], None] | None = None) -> nn.Module:
     """fully_shard each block, then the root. A meta-device model whose class has a per-module initialiser
     (``_init_weights``) is materialised one block at a time just before that block is sharded, so a rank never
     holds more than its shards plus one full block; other meta models are initialised after sharding.
     ``mesh``: the data-parallel mesh (with tensor parallelism: the dp dimension); default from ``cfg``.
-    ``experts_mesh``: with expert parallelism, the (edp, ep) mesh; each block's experts are sharded over edp first."""
+    ``experts_mesh``: with expert parallelism, the (edp, ep) mesh; each block's experts are sharded over edp first.
+    ``prepare_block``: called on each block (materialised, not yet sharded) first: tensor or expert parallelism
+    of that block, so that it too sees one whole block at a time."""
     reshard = cfg.sharding_strategy in ("FULL_SHARD", "HYBRID_SHARD")
     if cfg.reshard_after_forward is not None:
         reshard = cfg.reshard_after_forward
@@ -148,24 +156,17 @@ def apply_fsdp(model: nn.Module, cfg: FSDPConfig, precision: str, device: torch.
     kwargs = dict(mesh=mesh, mp_policy=mixed_precision_policy(cfg, precision),
                   offload_policy=CPUOffloadPolicy() if cfg.cpu_offload else OffloadPolicy())
     blocks = model.blocks()
-    init_module = _module_init(model) if is_meta(model) else None
-    files = pretrained_files(model) if init_module is not None else None
-    provided = files.provided(model) if files is not None else set()
-    in_blocks = {id(m) for block in blocks for m in block.modules()}
-    allocated: dict = {}
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        for i, block in enumerate(blocks):
-            if init_module is not None:  # materialise this block in full (same values on every rank), then shard it
-                _materialize_modules(block.modules(), device, init_module, provided, allocated)
-            if experts_mesh is not None:
-                expert_parallel.shard_experts(block, experts_mesh, mp_policy=kwargs["mp_policy"],
-                                              offload_policy=kwargs["offload_policy"])
-            if cfg.auto_wrap:  # the last block's parameters are needed right away by backward: keep them gathered
-                fully_shard(block, reshard_after_forward=reshard and i < len(blocks) - 1, **kwargs)
-        if init_module is not None:
-            _materialize_modules((m for m in model.modules() if id(m) not in in_blocks), device, init_module, provided,
-                                 allocated)
+
+    def shard(i: int, block: nn.Module) -> None:
+        if prepare_block is not None:
+            prepare_block(block)
+        if experts_mesh is not None:
+            expert_parallel.shard_experts(block, experts_mesh, mp_policy=kwargs["mp_policy"],
+                                          offload_policy=kwargs["offload_policy"])
+        if cfg.auto_wrap:  # the last block's parameters are needed right away by backward: keep them gathered
+            fully_shard(block, reshard_after_forward=reshard and i < len(blocks) - 1, **kwargs)
+
+    files = each_block(model, blocks, device, seed, shard)
     fully_shard(model, reshard_after_forward=reshard, **kwargs)
     if files is not None:  # the tensors the files hold stayed on meta through sharding: allocate the shards, read them
         allocate_meta(model, "cpu" if cfg.cpu_offload else device)
@@ -173,6 +174,42 @@ def apply_fsdp(model: nn.Module, cfg: FSDPConfig, precision: str, device: torch.
     if cfg.auto_wrap:
         set_prefetching(blocks, cfg)
     return model
+
+
+def each_block(model: nn.Module, blocks: list[nn.Module], device: torch.device, seed: int,
+               on_block: Callable[[int, nn.Module], None]) -> PretrainedWeights | None:
+    """``on_block(i, block)`` for each block, in order (it parallelises and/or shards the block in place).
+
+    A meta-device model with a per-module initialiser is materialised on the way, walking ``model.modules()``:
+    a block in full just before ``on_block`` (which shards it, so its full tensors are freed), the other modules
+    where they come. That is the order ``init_parameters()`` initialises a whole model in, so from the same seed
+    the values are the same as materialising the whole model first, whatever the layout (one rank, FSDP, TP, EP).
+    Tensors that pretrained files hold stay on meta; returns those files (to read into the shards afterwards),
+    or None when nothing was left on meta for them."""
+    init_module = _module_init(model) if is_meta(model) else None
+    if init_module is None:  # nothing to materialise here (or no per-module initialiser: done on the shards)
+        for i, block in enumerate(blocks):
+            on_block(i, block)
+        return None
+    files = pretrained_files(model)
+    provided = files.provided(model) if files is not None else set()
+    index = {id(block): i for i, block in enumerate(blocks)}
+    in_blocks = {id(m) for block in blocks for m in block.modules()}
+    done: set[int] = set()
+    allocated: dict = {}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for module in list(model.modules()):  # a list: on_block may change the modules it walks through
+            if id(module) in index:
+                _materialize_modules(module.modules(), device, init_module, provided, allocated)
+                on_block(index[id(module)], module)
+                done.add(id(module))
+            elif id(module) not in in_blocks:
+                _materialize_modules([module], device, init_module, provided, allocated)
+    missed = [i for i, block in enumerate(blocks) if id(block) not in done]
+    if missed:  # blocks() names a module model.modules() does not reach (not a submodule): not expected
+        raise ValueError(f"blocks() {missed} are not submodules of {type(model).__name__}")
+    return files
 
 
 def set_prefetching(blocks: list[nn.Module], cfg: FSDPConfig) -> None:
@@ -251,17 +288,20 @@ def allocate_meta(model: nn.Module, device: torch.device | str) -> None:
 def _allocate_own(module: nn.Module, device: torch.device | str, allocated: dict) -> None:
     """Storage for ``module``'s own meta tensors (FSDP2 shards stay shards). A tensor several modules share (tied
     embeddings) is allocated once and stays shared; ``to_empty`` would give each module a copy of its own.
-    ``allocated``: id of a meta tensor -> (that tensor, kept so the id is not reused; its replacement)."""
+    ``allocated``: id of a meta tensor -> (that tensor, kept so the id is not reused; a weak reference to its
+    replacement). Weak: once a block is sharded its full tensors must be freed, not kept alive by this table."""
     for tensors in (module._parameters, module._buffers):
         for key, tensor in tensors.items():
             if tensor is None or not tensor.is_meta:
                 continue
-            if id(tensor) not in allocated:
+            entry = allocated.get(id(tensor))
+            empty = entry[1]() if entry is not None else None
+            if empty is None:
                 empty = torch.empty_like(tensor, device=device)
                 if isinstance(tensor, nn.Parameter):
                     empty = nn.Parameter(empty, requires_grad=tensor.requires_grad)
-                allocated[id(tensor)] = (tensor, empty)
-            tensors[key] = allocated[id(tensor)][1]
+                allocated[id(tensor)] = (tensor, weakref.ref(empty))
+            tensors[key] = empty
 
 
 def pretrained_files(model: nn.Module) -> PretrainedWeights | None:
@@ -302,23 +342,27 @@ def parallelize(model: nn.Module, *, fsdp: FSDPConfig | None, compile_cfg: Compi
             apply_compile(block, compile_cfg)
 
     meta = is_meta(model)
-    if tp is not None:  # TP first (on whole weights), then FSDP2 over the data-parallel dimension
-        if meta:
-            materialize(model, device, seed)
-            meta = False
+    # TP and EP split each block as it is materialised (apply_fsdp's prepare_block), then FSDP2 shards it: a rank
+    # holds its shards plus one whole block, never the whole model (which a meta model is there to avoid)
+    if tp is not None:  # TP first (on a whole block), then FSDP2 over the data-parallel dimension
         mesh = tensor_parallel.tp_mesh(device.type, tp, world_size)
-        tensor_parallel.apply_tensor_parallel(model, tp, mesh["tp"])
+        tensor_parallel.pad_sequences(model, tp)
+        prepare = functools.partial(tensor_parallel.parallelize_block, tp=tp, mesh=mesh["tp"])
         if fsdp is not None:
-            apply_fsdp(model, fsdp, precision, device, world_size, seed, mesh=mesh["dp"])
+            apply_fsdp(model, fsdp, precision, device, world_size, seed, mesh=mesh["dp"], prepare_block=prepare)
+        else:  # one TP group, no data parallelism: the same walk without FSDP2
+            files = each_block(model, blocks, device, seed, lambda i, block: prepare(block))
+            if files is not None:
+                allocate_meta(model, device)
+                files.fill(model)
         wrapped = model
-    elif ep > 1:  # experts split over ep ranks (on whole weights), then FSDP2: experts over edp, the rest over all
-        if meta:
-            materialize(model, device, seed)
-            meta = False
+        meta = is_meta(model)
+    elif ep > 1:  # experts split over ep ranks (on a whole block), then FSDP2: experts over edp, the rest over all
         mesh = expert_parallel.ep_mesh(device.type, ep, world_size)
-        expert_parallel.apply_expert_parallel(model, mesh["ep"])
-        apply_fsdp(model, fsdp, precision, device, world_size, seed, experts_mesh=mesh)
+        prepare = functools.partial(expert_parallel.apply_expert_parallel, mesh=mesh["ep"])
+        apply_fsdp(model, fsdp, precision, device, world_size, seed, experts_mesh=mesh, prepare_block=prepare)
         wrapped = model
+        meta = is_meta(model)
     elif fsdp is not None and world_size > 1:
         if fsdp.sync_module_states and not meta:
             broadcast_from_rank0(model)

@@ -19,6 +19,9 @@ block    also attention: ``q_proj`` / ``k_proj`` / ``v_proj`` column-parallel (e
          ``norm_2`` run on ``T / tp`` positions per rank; the block's output is gathered again (all-gather).
 =======  ==================================================================================================
 
+With ``block`` the model's input is padded at the end to a multiple of the degree (``_PadSequence``): the
+sequence-parallel parts must be equal on every rank.
+
 ``block`` needs ``attn_config.fused_qkv: false``: a column split of the fused Wqkv would hand rank 0 all the q
 columns and rank 1 the k|v ones; re-ordering its rows per rank would make the checkpoint's Wqkv depend on the TP
 degree. Neither ALiBi nor qk_ln (a norm over all heads) is split yet: refused with ``block``. MoE FFNs: refused.
@@ -35,6 +38,8 @@ RNG stream on each rank, so with ``block`` the masks of matching heads / positio
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -49,6 +54,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from llmfoundry.core.errors import ConfigError
+from llmfoundry.models.mpt.model import token_positions
 from llmfoundry.train.settings import FSDPConfig, TPConfig
 
 # Sharding strategies of fsdp_config that FSDP2 applies over one (dp) mesh dimension next to TP
@@ -92,6 +98,62 @@ def check_tensor_parallel(model: nn.Module, tp: TPConfig, fsdp: FSDPConfig | Non
                           "yet; use strategy: ffn")
 
 
+class _PadSequence:
+    """Pads the MPT's input on the right to a multiple of the TP degree, and cuts its output back.
+
+    With ``block`` each block's positions are split evenly over the TP ranks, and torch's sequence-parallel hooks
+    make DTensors of the local parts without a global shape, so every rank must hold the same number: T = 7 on two
+    ranks (4 and 3) would make the ranks disagree about the length and the gather fail (or hang on NCCL). ICL
+    batches, unpadded text rows and generation steps (T = 1) have such lengths. Positions added at the end change
+    nothing before them (causal attention); they are padded as real tokens (id 0, attention mask 1, the last
+    document's sequence_id, the last position), their outputs are dropped, and a KV cache is cropped back to the
+    real positions."""
+
+    def __init__(self, degree: int):
+        self.degree = degree
+        self.calls: list[tuple[int, int, object]] = []  # (T, positions cached before, cache) per open forward
+
+    def pad(self, module: nn.Module, args: tuple, kwargs: dict):
+        values = inspect.signature(module.forward).bind(*args, **kwargs).arguments
+        input_ids, cache = values["input_ids"], values.get("cache")
+        length = input_ids.shape[1]
+        self.calls.append((length, cache.get_seq_length() if cache is not None else 0, cache))
+        extra = -length % self.degree
+        if extra == 0:
+            return None
+
+        def grow(t, fill):  # (B, n) -> (B, n + extra); fill: the values of the new columns, (B, extra)
+            return torch.cat([t, fill.to(t.dtype)], dim=1)
+
+        rows = input_ids.shape[0]
+        if values.get("position_ids") is None:  # the model's own positions, so that the padding's can repeat them
+            values["position_ids"] = token_positions(rows, length, self.calls[-1][1], values.get("attention_mask"),
+                                                     input_ids.device)
+        values["input_ids"] = grow(input_ids, torch.zeros(rows, extra, device=input_ids.device))
+        # the padding repeats the last position: a learned position table has no row past max_seq_len
+        for key, fill in (("attention_mask", lambda t: torch.ones(rows, extra, device=t.device)),
+                          ("sequence_id", lambda t: t[:, -1:].expand(rows, extra)),
+                          ("position_ids", lambda t: t[:, -1:].expand(rows, extra))):
+            if values.get(key) is not None:
+                values[key] = grow(values[key], fill(values[key]))
+        return (), values
+
+    def cut(self, module: nn.Module, args, kwargs, output: torch.Tensor) -> torch.Tensor:
+        length, past, cache = self.calls.pop()
+        if cache is not None and cache.get_seq_length() > past + length:
+            cache.crop(past + length - cache.get_seq_length())  # transformers 5 crops by a negative count
+        return output[:, :length]
+
+
+def pad_sequences(model: nn.Module, tp: TPConfig) -> None:
+    """With strategy ``block``: the MPT's inputs padded to a multiple of the degree (see _PadSequence)."""
+    if tp.strategy != "block":
+        return
+    padding = _PadSequence(tp.tensor_parallel_degree)
+    model.transformer.register_forward_pre_hook(padding.pad, with_kwargs=True)
+    model.transformer.register_forward_hook(padding.cut, with_kwargs=True)
+
+
 def tp_mesh(device_type: str, tp: TPConfig, world_size: int) -> DeviceMesh:
     """The 2-D (dp, tp) mesh: TP groups of consecutive ranks."""
     degree = tp.tensor_parallel_degree
@@ -131,12 +193,18 @@ def block_plan(block: nn.Module) -> dict:
 def apply_tensor_parallel(model: nn.Module, tp: TPConfig, mesh: DeviceMesh) -> None:
     """Shard each block's projections over ``mesh`` (the TP dimension) in place."""
     for block in model.blocks():
-        if tp.strategy == "ffn":
-            parallelize_module(block, mesh, ffn_plan(block.ffn))
-            continue
-        # The residual stream enters replicated; each rank keeps its T / tp positions (a slice, no communication)
-        # and the block's output is all-gathered back, so everything outside the blocks is unchanged.
-        parallelize_module(block, mesh, PrepareModuleInputOutput(
-            input_layouts=(Replicate(), None, None, None), desired_input_layouts=(Shard(1), None, None, None),
-            output_layouts=Shard(1), desired_output_layouts=Replicate(), use_local_input=True, use_local_output=True))
-        parallelize_module(block, mesh, block_plan(block))
+        parallelize_block(block, tp, mesh)
+
+
+def parallelize_block(block: nn.Module, tp: TPConfig, mesh: DeviceMesh) -> None:
+    """Shard one block's projections over ``mesh`` in place (parallel.py calls it on each block of a meta model as
+    soon as that block is materialised, so that no rank ever holds the whole model)."""
+    if tp.strategy == "ffn":
+        parallelize_module(block, mesh, ffn_plan(block.ffn))
+        return
+    # The residual stream enters replicated; each rank keeps its T / tp positions (a slice, no communication)
+    # and the block's output is all-gathered back, so everything outside the blocks is unchanged.
+    parallelize_module(block, mesh, PrepareModuleInputOutput(
+        input_layouts=(Replicate(), None, None, None), desired_input_layouts=(Shard(1), None, None, None),
+        output_layouts=Shard(1), desired_output_layouts=Replicate(), use_local_input=True, use_local_output=True))
+    parallelize_module(block, mesh, block_plan(block))

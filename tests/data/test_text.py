@@ -1,15 +1,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 
 from llmfoundry.core.errors import ConfigError
-from llmfoundry.data.text import SHM_REGISTRATION_LOCK, TextDatasetSettings, TextLoaderSettings, build_text_dataloader, check_token_ids
+from llmfoundry.data.text import TextDatasetSettings, TextLoaderSettings, build_text_dataloader, check_token_ids
 from tests.helpers import batch_rows
 
 
@@ -63,31 +61,6 @@ def test_resume_mid_epoch_yields_exactly_the_remaining_batches(mds_folder, token
     resumed = loader(mds_folder, tokenizer, shuffle=True, shuffle_seed=7)
     resumed.load_state_dict(state)
     assert batch_rows(resumed) == batch_rows(full[3:])
-
-
-_HOLD_LOCK = """
-import fcntl, sys, time
-handle = open(sys.argv[1], "a")
-fcntl.flock(handle, fcntl.LOCK_EX)
-print("held", flush=True)
-time.sleep(3)
-"""
-
-
-def test_building_a_dataset_waits_while_another_job_registers_its_shared_memory(mds_folder, tokenizer):
-    """streaming picks its /dev/shm prefix by scanning and then creating, so two jobs starting together on one
-    machine could pick the same one (FileExistsError '/000123_locals'): a local leader registers under a
-    machine-wide lock, and while another process holds it, building a loader waits for it."""
-    holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, SHM_REGISTRATION_LOCK], stdout=subprocess.PIPE,
-                              text=True)
-    try:
-        assert holder.stdout.readline().strip() == "held"
-        batch = next(iter(loader(mds_folder, tokenizer)))
-        assert holder.poll() is not None, "the loader was built while another process held the registration lock"
-        assert batch["input_ids"].shape == (4, 32)
-    finally:
-        holder.kill()
-        holder.wait()
 
 
 def test_missing_mds_folder_is_a_config_error(tmp_path, tokenizer):

@@ -24,16 +24,9 @@ from llmfoundry.models.mpt.config import MPTModelSettings
 from llmfoundry.registry import models
 from llmfoundry.train import parallel
 from llmfoundry.train.settings import FSDPConfig
+from tests.dist.helpers import memory_status as status
 
 SETTINGS = {"hf_causal_lm": HFModelSettings, "mpt_causal_lm": MPTModelSettings}
-
-
-def status(field: str) -> int:
-    """A /proc/self/status memory field in bytes (VmRSS: resident now; VmHWM: the peak since the last reset)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024
-    raise KeyError(field)
 
 
 def main(spec_path: str, out_dir: str) -> None:

@@ -136,3 +136,11 @@ class SharedRuns:
             run_job(recipe, self.folder, name, nproc=nproc, timeout=timeout)
             self.done.add(name)
         return self.folder / f"{name}.jsonl"
+
+
+def memory_status(field: str) -> int:
+    """A /proc/self/status memory field in bytes (VmRSS: resident now; VmHWM: the peak since the last reset)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(field)

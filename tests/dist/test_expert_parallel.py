@@ -33,7 +33,9 @@ def make(mds_root, tokenizer_dir, runs):
                         global_train_batch_size=4, device_train_microbatch_size=2,
                         save_folder=str(runs.folder / f"{name}-ckpt"), save_interval="3ba",
                         loggers={"jsonl": {"path": str(runs.folder / f"{name}.jsonl")}},
-                        callbacks={"record_shapes": {"folder": str(runs.folder / name)}}, **extra)
+                        callbacks={"record_shapes": {"folder": str(runs.folder / name)},
+                                   "optimizer_monitor": {"batch_log_interval": 1, "log_optimizer_metrics": False}},
+                        **extra)
         (runs.folder / name).mkdir(exist_ok=True)  # record_shapes (tests/dist/_train_worker.py) writes there
         r["model"]["ffn_config"] = dict(MOE, moe_world_size=ep, moe_loss_weight=loss_weight)
         if fsdp:
@@ -55,6 +57,9 @@ def test_experts_split_over_two_ranks_follow_the_one_rank_loss_curve(one_rank, r
     assert held(runs, "one")[w1] == [4, 32, 32] and held(runs, "ep2", rank=1)[w1] == [2, 32, 32]  # 2 experts each
     grad_ep, grad_one = (metric(p, "grad_norm") for p in (log, runs.folder / "one.jsonl"))
     assert all(grad_ep[s] == pytest.approx(grad_one[s], rel=1e-4) for s in grad_one)  # experts' grads counted once
+    for key in ("l2_norm/grad/global", "l2_norm/grad/model.transformer.blocks.0.ffn.experts.mlp.w1"):
+        norm_ep, norm_one = (metric(p, key) for p in (log, runs.folder / "one.jsonl"))  # optimizer_monitor
+        assert norm_one and all(norm_ep[s] == pytest.approx(norm_one[s], rel=1e-4) for s in norm_one), key
     # the checkpoint holds every expert whole, whatever the layout that wrote it
     ep_weights, one_weights = (checkpoint_weights(runs.folder / f"{n}-ckpt" / "ep0-ba3") for n in ("ep2", "one"))
     expert_keys = [k for k in one_weights if ".experts.mlp." in k]
@@ -74,9 +79,11 @@ def test_checkpoints_resume_across_expert_parallel_layouts(one_rank, runs, make)
     assert held(runs, "1-to-2x2", rank=3)[w1] == [1, 32, 32]  # 2 experts per ep rank, halved again by FSDP over edp
 
 
-def test_with_the_load_balancing_loss_ep_equals_fsdp_alone_on_the_same_ranks(runs, make):
-    fsdp = runs("fsdp-lbl", make("fsdp-lbl", loss_weight=0.1), 2)
-    ep = runs("ep2-lbl", make("ep2-lbl", ep=2, loss_weight=0.1), 2)
+def test_with_the_load_balancing_loss_and_adaptive_clipping_ep_equals_fsdp_alone_on_the_same_ranks(runs, make):
+    # adaptive clipping (AGC) sees the experts as FSDP2 shards them after EP (_StridedShard(0)): whole rows per rank
+    agc = {"gradient_clipping": {"clipping_type": "adaptive", "clipping_threshold": 0.01}}
+    fsdp = runs("fsdp-lbl", make("fsdp-lbl", loss_weight=0.1, algorithms=agc), 2)
+    ep = runs("ep2-lbl", make("ep2-lbl", ep=2, loss_weight=0.1, algorithms=agc), 2)
     assert_same_curve(losses(ep), losses(fsdp))
     lbl_ep, lbl_fsdp = (metric(p, "loss/train/lbl") for p in (ep, fsdp))
     assert lbl_ep.keys() == lbl_fsdp.keys() and all(lbl_ep[s] == pytest.approx(lbl_fsdp[s], abs=1e-6) for s in lbl_ep)

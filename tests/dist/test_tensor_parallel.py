@@ -75,3 +75,40 @@ def test_a_layer_plan_is_refused_and_the_ranks_of_a_tp_group_share_their_data(mo
     finally:
         dist.set_replication(1)
     assert positions == [(0, 2), (0, 2), (1, 2), (1, 2)]
+
+
+@pytest.mark.parametrize("learned_pos_emb", [False, True], ids=["rope", "learned_positions"])
+def test_block_tp_pads_any_length_to_the_degree_without_changing_outputs(learned_pos_emb):
+    """strategy block splits each block's positions evenly over the TP ranks: the model's input is padded to a
+    multiple of the degree and its output cut back. Here on one process (degree 4, no split): lengths 7 and 1 give
+    the unpadded logits, with a padding mask, packed documents, and a KV cache that holds only real positions."""
+    import torch
+
+    from llmfoundry.train.settings import TPConfig
+    from llmfoundry.train.tensor_parallel import pad_sequences
+
+    rope = {"rope": True, "alibi": False} if not learned_pos_emb else {}
+    longest = 16
+    changes = dict(learned_pos_emb=learned_pos_emb, max_seq_len=longest,
+                   attn_config={**model_config("block")["attn_config"], **rope, "attn_uses_sequence_id": True})
+    torch.manual_seed(0)
+    plain = mpt(**changes).eval()
+    padded = mpt(**changes).eval()
+    padded.load_state_dict(plain.state_dict())
+    pad_sequences(padded, TPConfig(strategy="block", tensor_parallel_degree=4))
+    ids = torch.randint(1, VOCAB, (2, 7), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, 7, dtype=torch.long)
+    mask[1, :2] = 0  # left padding
+    sequence_id = torch.tensor([[0, 0, 0, 1, 1, 1, 1], [0, 0, 0, 0, 0, 1, 1]])
+    with torch.no_grad():
+        for kwargs in ({}, {"attention_mask": mask}, {"sequence_id": sequence_id}):
+            want, got = plain(ids, **kwargs).logits, padded(ids, **kwargs).logits
+            assert got.shape == want.shape == (2, 7, VOCAB)
+            real = mask.bool() if "attention_mask" in kwargs else torch.ones(2, 7, dtype=torch.bool)
+            assert torch.allclose(got[real], want[real], atol=1e-5), kwargs  # (a masked query's output is moot)
+        # generation: 7 prompt tokens then one at a time, up to max_seq_len (a learned table's last row)
+        want_gen = plain.generate(ids, attention_mask=mask, max_new_tokens=longest - 7, do_sample=False)
+        got_gen = padded.generate(ids, attention_mask=mask, max_new_tokens=longest - 7, do_sample=False)
+        assert got_gen.shape == (2, longest) and torch.equal(got_gen, want_gen)
+        out = padded(ids, attention_mask=mask, use_cache=True)
+        assert out.past_key_values.get_seq_length() == 7  # the cache holds the real positions only

@@ -14,6 +14,7 @@ import json
 import pytest
 
 from tests.dist.helpers import SharedRuns, losses
+from tests.eval.helpers import TINY_DATA as TINY_ICL
 from tests.helpers import tiny_recipe
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
@@ -35,7 +36,9 @@ def make(mds_root, tokenizer_dir, runs):
                         global_train_batch_size=4, device_train_microbatch_size=2,
                         save_folder=str(runs.folder / f"{name}-ckpt"), save_interval="3ba",
                         loggers={"jsonl": {"path": str(runs.folder / f"{name}.jsonl")}},
-                        callbacks={"record_shapes": {"folder": str(runs.folder / name)}}, **extra)
+                        callbacks={"record_shapes": {"folder": str(runs.folder / name)},
+                                   "optimizer_monitor": {"batch_log_interval": 1, "log_optimizer_metrics": False}},
+                        **extra)
         (runs.folder / name).mkdir(exist_ok=True)  # record_shapes (tests/dist/_train_worker.py) writes there
         r["model"].update(n_heads=4, ffn_config={"ffn_type": "mptglu"},
                           attn_config={"attn_impl": "torch", "alibi": False, "rope": True, "fused_qkv": False,
@@ -44,6 +47,14 @@ def make(mds_root, tokenizer_dir, runs):
             r["eval_loader"] = {"name": "text", "dataset": dict(r["train_loader"]["dataset"], split="val",
                                                                 shuffle=False), "drop_last": False}
             r["eval_interval"] = f"{STEPS}ba"
+            # ICL batches of any width, and generation one token at a time (block pads T to the degree)
+            r["icl_tasks"] = [
+                {"label": "mc", "dataset_uri": str(TINY_ICL / "tiny_arithmetic_mc.jsonl"),
+                 "icl_task_type": "multiple_choice", "num_fewshot": [0]},
+                {"label": "qa", "dataset_uri": str(TINY_ICL / "tiny_multiplication_qa.jsonl"),
+                 "icl_task_type": "generation_task_with_answers", "num_fewshot": [0],
+                 "continuation_delimiter": "\nA: ", "generation_kwargs": {"max_new_tokens": 3}},
+            ]
         if tp > 1:
             r["tp_config"] = {"strategy": strategy, "tensor_parallel_degree": tp}
         if fsdp:
@@ -68,6 +79,17 @@ def assert_same_curve(a: dict[int, float], b: dict[int, float], steps=range(1, S
     worst = max(abs(a[s] - b[s]) for s in a)
     print(f"largest loss difference over steps {list(steps)}: {worst:.2e}")  # shown with pytest -s
     assert worst <= tol, f"largest loss difference {worst:.2e}: {a} vs {b}"
+
+
+def assert_same_norms(log, one) -> None:
+    """optimizer_monitor's gradient norms (the global one, and each parameter's) as on one rank: a part that several
+    ranks hold (replicated over TP, or over the other TP ranks of an FSDP-over-dp tensor) is counted once."""
+    rows = {r["step"]: r for r in map(json.loads, one.read_text().splitlines()) if "l2_norm/grad/global" in r}
+    keys = [k for k in rows[STEPS] if k.startswith("l2_norm/grad/")]
+    assert len(keys) > 10
+    for key in keys:
+        mine = metric(log, key)
+        assert mine.keys() == rows.keys() and all(mine[s] == pytest.approx(rows[s][key], rel=1e-4) for s in rows), key
 
 
 def resumed_curve(path, reference: dict[int, float]) -> None:
@@ -104,12 +126,17 @@ def test_tp2_training_follows_the_one_rank_loss_curve(strategy, one_rank, runs, 
     for key in ("time/sample", "time/token"):  # one TP group: counted once, not once per TP rank
         assert metric(log, key) == metric(one, key)
     assert metric(log, "time/sample")[STEPS] == 4 * STEPS
+    icl = sorted({k for line in one.read_text().splitlines() if line.strip() for k in json.loads(line) if "icl/" in k})
+    assert any("/mc/" in k for k in icl) and any("/qa/" in k for k in icl), icl
+    for key in icl:  # the TP group scores the same questions as the one rank did
+        assert metric(log, key) == pytest.approx(metric(one, key), abs=1e-6), key
     eval_tp, eval_one = (metric(p, "metrics/eval/LanguageCrossEntropy") for p in (log, one))
     assert eval_tp.keys() == eval_one.keys() == {STEPS}
     assert eval_tp[STEPS] == pytest.approx(eval_one[STEPS], abs=1e-5)
     grad_tp, grad_one = (metric(p, "grad_norm") for p in (log, one))  # clipping sees the norm of both meshes
     assert grad_tp.keys() == grad_one.keys() and all(grad_tp[s] == pytest.approx(grad_one[s], rel=1e-4)
                                                       for s in grad_one)
+    assert_same_norms(log, one)
 
 
 def test_fsdp_x_tp_on_four_ranks_follows_the_one_rank_loss_curve_and_resumes_as_fsdp_alone(one_rank, runs, make):
@@ -118,6 +145,7 @@ def test_fsdp_x_tp_on_four_ranks_follows_the_one_rank_loss_curve_and_resumes_as_
     q = "transformer.blocks.0.attn.q_proj.weight"
     rows = held(runs, "one")[q][0]
     assert held(runs, "2x2", rank=3)[q] == [rows // 4, held(runs, "one")[q][1]]  # TP by head, then FSDP on dim 0
+    assert_same_norms(log, runs.folder / "one.jsonl")
     # the 2x2 checkpoint of batch 3 resumed on 4 data-parallel ranks (4x1): batches 4 and 5 continue the curve
     resumed = make("4x1", fsdp=True, load_path=str(runs.folder / "2x2-ckpt" / "ep0-ba3"))
     resumed_curve(runs("4x1", resumed, 4), one_rank)

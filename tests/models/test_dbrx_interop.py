@@ -86,6 +86,8 @@ def test_a_model_without_clip_qkv_exports_to_a_dbrx_transformers_can_run_and_com
     x, mask = padded_tokens()
     assert _max_diff(theirs, ours, x, mask) <= 1e-4
     assert load_as_mpt(tmp_path).arch.attn_config.clip_qkv is None
+    for dtype in (torch.bfloat16, torch.float16):  # the bound must fit every dtype the export may run in
+        assert torch.isfinite(theirs.to(dtype)(x, attention_mask=mask).logits).all()
 
 
 def test_native_dbrx_imports_as_moe_mpt_with_the_same_logits(tmp_path, tokenizer):

@@ -95,7 +95,7 @@ class MPTModel(nn.Module):
         if sequence_id is not None and past > 0:
             raise ValueError("sequence_id cannot be combined with a KV cache (it is for packed training batches)")
         if position_ids is None:
-            position_ids = _positions(B, T, past, attention_mask, input_ids.device)
+            position_ids = token_positions(B, T, past, attention_mask, input_ids.device)
 
         x = self.wte(input_ids)  # (B, T, d_model)
         if arch.learned_pos_emb:
@@ -123,7 +123,7 @@ class MPTModel(nn.Module):
         return self.norm_f(x)
 
 
-def _positions(B: int, T: int, past: int, attention_mask, device) -> torch.Tensor:
+def token_positions(B: int, T: int, past: int, attention_mask, device) -> torch.Tensor:
     """(B, T) position of each new token, as llm-foundry computes it: its index in the row, less the padding
     before it (so left padding does not shift positions). Packed documents (sequence_id) are *not* restarted at
     0: llm-foundry's learned position embeddings see a packed document at its offset in the row (RoPE and ALiBi

@@ -9,7 +9,8 @@ Metric names are Composer's, with Composer's parameter names (``model.`` + the n
   direction times the bias-corrected learning rate, plus the weight decay); with a Lion-family optimizer, moment and
   param (Composer's Lion reports those too).
 
-Under FSDP each rank holds shards; the squared norms are summed across ranks, so every rank logs the full norms.
+Under FSDP, tensor or expert parallelism each rank holds parts of a DTensor; the squared norms are summed across
+ranks, each part weighted by 1 / the number of ranks holding it, so every rank logs the full norms.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class OptimizerMonitor(Callback):
             return
         names: list[str] = []
         local: list[torch.Tensor] = []  # squared norms of this rank's part
-        sharded: list[bool] = []
+        share: list[float] = []  # 1 / how many ranks hold each element (0: a plain tensor, not summed over ranks)
         optimizer = trainer.optimizer
         group_of = {id(p): group for group in optimizer.param_groups for p in group["params"]}
         for name, param in trainer.model.named_parameters():
@@ -58,13 +59,13 @@ class OptimizerMonitor(Callback):
                 is_dtensor = isinstance(value, DTensor)
                 part = value.to_local() if is_dtensor else value
                 local.append(part.detach().float().pow(2).sum())
-                sharded.append(is_dtensor and dist.world_size() > 1)
+                share.append(_share(value) if is_dtensor and dist.world_size() > 1 else 0.0)
         if not names:
             return
         squares = torch.stack(local)
-        mask = torch.tensor(sharded, device=squares.device)
-        if bool(mask.any()):  # one collective for all the shards; replicated values are counted once
-            squares = torch.where(mask, dist.all_reduce_sum(squares * mask), squares)
+        weights = torch.tensor(share, device=squares.device)
+        if bool((weights > 0).any()):  # one collective for all the DTensors; plain tensors are counted once
+            squares = torch.where(weights > 0, dist.all_reduce_sum(squares * weights), squares)
         values = squares.tolist()
         grad_total = 0.0
         for name, square in zip(names, values):
@@ -72,6 +73,15 @@ class OptimizerMonitor(Callback):
             if name.startswith("l2_norm/grad/"):
                 grad_total += square
         metrics["l2_norm/grad/global"] = math.sqrt(grad_total)
+
+
+def _share(value: DTensor) -> float:
+    """1 / the number of ranks holding each element of ``value``: the mesh dimensions it is sharded over split it,
+    the others (replicated; and every rank outside its mesh, e.g. the other TP ranks of an FSDP-over-dp tensor)
+    repeat it."""
+    parts = math.prod(value.device_mesh.size(dim) for dim, placement in enumerate(value.placements)
+                      if not (placement.is_replicate() or placement.is_partial()))
+    return parts / dist.world_size()
 
 
 def _optimizer_values(param: torch.Tensor, state: dict, group: dict | None) -> dict[str, torch.Tensor]:
