@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 
 import torch
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Replicate
 
 from llmfoundry.config.checks import PositiveInt
 from llmfoundry.config.fields import option
@@ -57,6 +57,11 @@ class OptimizerMonitor(Callback):
             for kind, value in values.items():
                 names.append(f"l2_norm/{kind}/{composer_name(name)}")
                 is_dtensor = isinstance(value, DTensor)
+                if is_dtensor and any(p.is_partial() for p in value.placements):
+                    # a replicated weight used on sequence-parallel inputs (block TP's norms) has partial sums as
+                    # its gradient until the optimizer combines them: sum them first (every rank, same order)
+                    value = value.redistribute(value.device_mesh, [Replicate() if p.is_partial() else p
+                                                                   for p in value.placements])
                 part = value.to_local() if is_dtensor else value
                 local.append(part.detach().float().pow(2).sum())
                 share.append(_share(value) if is_dtensor and dist.world_size() > 1 else 0.0)
@@ -80,7 +85,7 @@ def _share(value: DTensor) -> float:
     the others (replicated; and every rank outside its mesh, e.g. the other TP ranks of an FSDP-over-dp tensor)
     repeat it."""
     parts = math.prod(value.device_mesh.size(dim) for dim, placement in enumerate(value.placements)
-                      if not (placement.is_replicate() or placement.is_partial()))
+                      if not placement.is_replicate())
     return parts / dist.world_size()
 
 
