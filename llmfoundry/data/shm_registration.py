@@ -28,6 +28,11 @@ import re
 import tempfile
 import time
 
+try:
+    import fcntl
+except ImportError:  # no flock (Windows): streaming's own scan is all there is
+    fcntl = None
+
 from llmfoundry.core import dist
 from llmfoundry.core.notices import notice_once
 from llmfoundry.data.streaming_guard import import_streaming
@@ -98,9 +103,7 @@ def shm_registration_lock(wait_s: float = SHM_LOCK_WAIT_S):
 
     A leader that waits longer than ``wait_s`` for the lock (e.g. two multi-node jobs sharing nodes, each holding
     one node's lock while waiting at its barrier for the other) goes on without it, as streaming alone would."""
-    try:
-        import fcntl
-    except ImportError:  # no flock (Windows): streaming's own scan is all there is
+    if fcntl is None:
         yield
         return
     handle = None
