@@ -341,7 +341,7 @@ def build_encdec_example(turns, ds: FinetuningDatasetSettings) -> dict[str, list
     return {"input_ids": input_ids, "labels": labels}
 
 
-def _preprocessor(ds: FinetuningDatasetSettings, key: str, preprocess_records: bool = True):
+def record_preprocessor(ds: FinetuningDatasetSettings, key: str, preprocess_records: bool = True):
     """The function formatting each record (llm-foundry's choice: see preprocessors.py), or None."""
     if not preprocess_records:
         return None
@@ -379,12 +379,21 @@ def _init_example_worker(tokenizer, ds: FinetuningDatasetSettings, key: str, pre
     global _worker_state
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one process per core already
     # the preprocessor is imported in each worker
-    _worker_state = (tokenizer, ds, key, _preprocessor(ds, key, preprocess_records))
+    _worker_state = (tokenizer, ds, key, record_preprocessor(ds, key, preprocess_records))
 
 
 def _build_examples_in_worker(items) -> list[dict | None]:
     assert _worker_state is not None
     return _build_examples(*_worker_state, items)
+
+
+def build_examples_in_this_process(tokenizer, ds: FinetuningDatasetSettings, key: str, preprocess_records: bool,
+                                   items) -> list[dict | None]:
+    """``_build_examples`` for a long-lived worker process (a Ray task's) that is handed the same settings object
+    again and again: the preprocessor is imported once per process and settings object, not once per call."""
+    if _worker_state is None or _worker_state[1] is not ds:
+        _init_example_worker(tokenizer, ds, key, preprocess_records)
+    return _build_examples_in_worker(items)
 
 
 class FinetuningDataset(torch.utils.data.Dataset):
@@ -400,7 +409,7 @@ class FinetuningDataset(torch.utils.data.Dataset):
             notice_once(f"{key}.eos_token_id: {ds.eos_token_id} is not the tokenizer's EOS id "
                         f"{tokenizer.eos_token_id}; responses end with the tokenizer's EOS, as in llm-foundry "
                         "(which ignores this key for finetuning data)")
-        preprocess = _preprocessor(ds, key, preprocess_records)
+        preprocess = record_preprocessor(ds, key, preprocess_records)
         raw = load_raw_examples(ds, key)
         if num_workers > 1 and len(raw) > 1:
             per_chunk = max(1, min(1000, math.ceil(len(raw) / (num_workers * 4))))

@@ -2,32 +2,21 @@
 
 from __future__ import annotations
 
+import functools
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import tiny_recipe
-from tests.launch.launch_helpers import WORKER, fixed_partition
+from tests.launch import launch_helpers
 
 SETUP_SLURM = Path(__file__).with_name("setup_slurm.sh")
 
 
 @pytest.fixture
 def launch_recipe(mds_root, tokenizer_dir):
-    """A tiny 10-batch recipe for 2 ranks; record_samples comes in through code_paths (the job runs llmfoundry.cli)."""
-    def make(folder: Path, **overrides):
-        folder.mkdir(parents=True, exist_ok=True)
-        r = tiny_recipe(mds_root, tokenizer_dir, eval_loader=None, max_duration="10ba", python_log_level=None,
-                        code_paths=[str(WORKER)], save_folder=str(folder / "ckpt"), save_interval="4ba",
-                        autoresume=True, preemption_check_interval=1,
-                        callbacks={"record_samples": {"folder": str(folder)}},
-                        loggers={"jsonl": {"path": str(folder / "metrics.jsonl")}})
-        fixed_partition(r)
-        r.update(overrides)
-        return r
-
-    return make
+    """launch_helpers.launch_recipe on this session's tiny data: ``launch_recipe(folder, **overrides)``."""
+    return functools.partial(launch_helpers.launch_recipe, mds_root, tokenizer_dir)
 
 
 @pytest.fixture(scope="session")
@@ -42,8 +31,6 @@ def slurm_cluster():
 
 
 @pytest.fixture(scope="session")
-def ray_reference(tmp_path_factory, mds_root, tokenizer_dir):
-    """The torchrun run the Ray tests compare with (tests/launch/ray_helpers.py), shared by their modules."""
-    from tests.launch.ray_helpers import torchrun_reference
-
-    return torchrun_reference(mds_root, tokenizer_dir, tmp_path_factory.mktemp("ray-reference"))
+def torchrun_reference(tmp_path_factory, mds_root, tokenizer_dir):
+    """The uninterrupted torchrun run that the Slurm and Ray tests end like, run once for all their modules."""
+    return launch_helpers.run_torchrun_reference(mds_root, tokenizer_dir, tmp_path_factory.mktemp("reference"))

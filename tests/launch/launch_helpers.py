@@ -11,12 +11,15 @@ import sys
 import time
 from pathlib import Path
 
+import torch
 import yaml
 
 from llmfoundry import cli
-from tests.dist.helpers import REPO, losses, worker_env
+from tests.dist.helpers import REPO, checkpoint_weights, losses, run_job, seen_rows, torchrun_args, worker_env
+from tests.helpers import tiny_recipe
 
 WORKER = REPO / "tests" / "dist" / "_train_worker.py"  # registers the record_samples callback (via code_paths)
+FINAL = "ep0-ba10"  # the launch recipe's last checkpoint
 
 
 def fixed_partition(recipe: dict) -> dict:
@@ -24,6 +27,58 @@ def fixed_partition(recipe: dict) -> dict:
     nodes: fixing it makes one node with 2 ranks and 2 nodes with 1 rank each train on the same batches."""
     recipe["train_loader"]["dataset"]["num_canonical_nodes"] = 2
     return recipe
+
+
+def launch_recipe(mds_root: Path, tokenizer_dir: Path, folder: Path, code_paths: tuple[Path, ...] = (),
+                  **overrides) -> dict:
+    """The tiny 10-batch recipe for 2 ranks that the cluster tests launch: checkpoints every 4 batches, autoresume,
+    samples and losses recorded in ``folder`` (record_samples comes in through code_paths: jobs run llmfoundry.cli)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    recipe = tiny_recipe(mds_root, tokenizer_dir, eval_loader=None, max_duration="10ba", python_log_level=None,
+                         code_paths=[str(WORKER), *map(str, code_paths)], save_folder=str(folder / "ckpt"),
+                         save_interval="4ba", autoresume=True, preemption_check_interval=1,
+                         callbacks={"record_samples": {"folder": str(folder)}},
+                         loggers={"jsonl": {"path": str(folder / "metrics.jsonl")}})
+    fixed_partition(recipe)
+    recipe.update(overrides)
+    return recipe
+
+
+def run_torchrun_reference(mds_root: Path, tokenizer_dir: Path, folder: Path) -> dict:
+    """`torchrun --nproc_per_node 2` on the launch recipe: per-step losses, samples per batch, final weights."""
+    recipe = launch_recipe(mds_root, tokenizer_dir, folder)
+    run_job(recipe, folder, "reference", entry=[*torchrun_args(2), "-m", "llmfoundry.cli", "train"])
+    return {"losses": losses(folder / "metrics.jsonl"), "batches": batches(folder),
+            "weights": checkpoint_weights(folder / "ckpt" / FINAL)}
+
+
+def batches(folder: Path) -> dict[int, list[str]]:
+    """Sample hashes per batch, over all ranks, as record_samples wrote them in ``folder``."""
+    found: dict[int, list[str]] = {}
+    for row in seen_rows(folder):
+        found.setdefault(row["batch"], []).extend(row["rows"])
+    return found
+
+
+def assert_same_training(reference: dict, folder: Path, weights_folder: Path | None = None,
+                         exactly_once: bool = True) -> None:
+    """Final weights and per-step losses bitwise equal to the reference's; each batch made of the reference's
+    samples, and (``exactly_once``) trained once: a stop that checkpoints first loses and repeats nothing, while
+    after a crash the batches since the newest checkpoint are trained again (their rows appear twice)."""
+    got = checkpoint_weights(weights_folder or folder / "ckpt" / FINAL)
+    assert set(got) == set(reference["weights"])
+    for key, expected in reference["weights"].items():
+        assert torch.equal(expected, got[key]), key
+    seen = batches(folder)
+    assert sorted(seen) == list(range(1, 11))
+    for batch, rows in seen.items():
+        expected = sorted(reference["batches"][batch])
+        repeats = len(rows) // len(expected)
+        assert sorted(rows) == sorted(expected * repeats) and (repeats == 1 or not exactly_once), f"batch {batch}"
+    got_losses = losses(folder / "metrics.jsonl")
+    assert sorted(got_losses) == list(range(1, 11))
+    for step, loss in got_losses.items():
+        assert loss == reference["losses"][step], f"step {step}"
 
 
 def write_recipe(recipe: dict, folder: Path, name: str = "recipe") -> Path:

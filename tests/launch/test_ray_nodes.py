@@ -17,8 +17,8 @@ import pytest
 
 from llmfoundry.launch import ray as ray_launch
 from tests.dist.helpers import losses
-from tests.launch.launch_helpers import write_recipe
-from tests.launch.ray_helpers import assert_same_training, cluster_environment, ray_recipe
+from tests.launch.launch_helpers import assert_same_training, write_recipe
+from tests.launch.ray_helpers import cluster_environment, ray_recipe
 
 ray = pytest.importorskip("ray")
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -86,7 +86,7 @@ def _finish(thread, outcome):
     assert outcome["result"].error is None
 
 
-def test_lost_node_restarts_the_group_and_ends_like_torchrun(cluster, ray_reference, tmp_path, mds_root,
+def test_lost_node_restarts_the_group_and_ends_like_torchrun(cluster, torchrun_reference, tmp_path, mds_root,
                                                              tokenizer_dir):
     recipe = write_recipe(_recipe(mds_root, tokenizer_dir, tmp_path), tmp_path)
     thread, outcome = _start(recipe, tmp_path, "node-lost")
@@ -94,12 +94,12 @@ def test_lost_node_restarts_the_group_and_ends_like_torchrun(cluster, ray_refere
     lost = _training_node(cluster, tmp_path, rank=1)
     cluster.remove_node(lost, allow_graceful=False)
     _finish(thread, outcome)
-    assert_same_training(ray_reference, tmp_path, exactly_once=False)
+    assert_same_training(torchrun_reference, tmp_path, exactly_once=False)
     cluster.add_node(num_cpus=2)  # the spare used up: the next test has one again
     cluster.wait_for_nodes()
 
 
-def test_preemption_notice_saves_just_in_time(cluster, ray_reference, tmp_path, mds_root, tokenizer_dir):
+def test_preemption_notice_saves_just_in_time(cluster, torchrun_reference, tmp_path, mds_root, tokenizer_dir):
     """`ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION` (what a cloud's spot reclaim does): the workers save a
     checkpoint at once, between save_interval's (4, 8), then the node goes and training continues from it."""
     recipe = write_recipe(_recipe(mds_root, tokenizer_dir, tmp_path), tmp_path)
@@ -119,7 +119,7 @@ def test_preemption_notice_saves_just_in_time(cluster, ray_reference, tmp_path, 
         time.sleep(0.1)
     cluster.remove_node(doomed, allow_graceful=False)
     _finish(thread, outcome)
-    assert_same_training(ray_reference, tmp_path, exactly_once=False)
+    assert_same_training(torchrun_reference, tmp_path, exactly_once=False)
     seen = [b for b, _ in _rank0_batches(tmp_path)]
     jit = int(saved[0].split("ba")[1])
     assert seen.count(jit) == 1 and all(seen.count(b) == 1 for b in range(1, jit + 1)), seen  # nothing redone

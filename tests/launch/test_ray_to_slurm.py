@@ -11,14 +11,14 @@ import time
 import pytest
 
 from tests.dist.helpers import kill_tree, losses, worker_env
-from tests.launch.launch_helpers import job_log, submit, wait_for_state, write_recipe
-from tests.launch.ray_helpers import assert_same_training, batches, ray_recipe
+from tests.launch.launch_helpers import assert_same_training, batches, job_log, submit, wait_for_state, write_recipe
+from tests.launch.ray_helpers import ray_recipe
 
 pytest.importorskip("ray")
 pytestmark = [pytest.mark.ray, pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
-def test_run_stopped_under_ray_continues_under_slurm(slurm_cluster, ray_reference, tmp_path, mds_root,
+def test_run_stopped_under_ray_continues_under_slurm(slurm_cluster, torchrun_reference, tmp_path, mds_root,
                                                      tokenizer_dir):
     folder = tmp_path / "run"
     recipe = write_recipe(ray_recipe(mds_root, tokenizer_dir, folder), tmp_path)
@@ -44,5 +44,5 @@ def test_run_stopped_under_ray_continues_under_slurm(slurm_cluster, ray_referenc
     # the Slurm job resumed from ep0-ba4 (batches 1-4 were trained once, by Ray); the batches after it that Ray had
     # trained are trained again (rows seen twice); the end is the reference's
     seen = batches(folder)
-    assert all(len(seen[b]) == len(ray_reference["batches"][b]) for b in range(1, 5))
-    assert_same_training(ray_reference, folder, exactly_once=False)
+    assert all(len(seen[b]) == len(torchrun_reference["batches"][b]) for b in range(1, 5))
+    assert_same_training(torchrun_reference, folder, exactly_once=False)

@@ -16,14 +16,8 @@ import pytest
 from llmfoundry.launch import ray as ray_launch
 from tests.dist.helpers import kill_tree, launch, losses, torchrun_args
 from tests.helpers import S3_TEST_BUCKET
-from tests.launch.launch_helpers import llmfoundry, write_recipe
-from tests.launch.ray_helpers import (
-    FINAL,
-    assert_same_training,
-    cluster_environment,
-    download_checkpoint,
-    ray_recipe,
-)
+from tests.launch.launch_helpers import FINAL, assert_same_training, llmfoundry, write_recipe
+from tests.launch.ray_helpers import cluster_environment, download_checkpoint, ray_recipe
 
 ray = pytest.importorskip("ray")
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
@@ -42,8 +36,8 @@ def ray_cluster(moto_s3):
 
 
 @pytest.fixture
-def reference(ray_cluster, ray_reference):
-    return ray_reference
+def reference(ray_cluster, torchrun_reference):
+    return torchrun_reference
 
 
 @pytest.mark.slow

@@ -10,24 +10,15 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
-import torch
 
 from llmfoundry.train.checkpoint import latest_checkpoint
-from tests.dist.helpers import (
-    checkpoint_weights,
-    losses,
-    run_job,
-    torchrun_args,
-)
-from tests.helpers import tiny_recipe
-from tests.launch.ray_helpers import batches  # per-batch sample hashes, shared with the Ray tests
+from tests.dist.helpers import losses
 from tests.launch.launch_helpers import (
+    FINAL,
     OWN_SHM,
-    WORKER,
-    fixed_partition,
+    assert_same_training,
     job_info,
     job_log,
     rank_processes,
@@ -39,50 +30,18 @@ from tests.launch.launch_helpers import (
 )
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(600)]
-FINAL = "ep0-ba10"
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory, mds_root, tokenizer_dir):
-    """`torchrun --nproc_per_node 2` on the tiny recipe: per-step losses, samples per batch, final weights."""
-    folder = tmp_path_factory.mktemp("reference")
-    recipe = tiny_recipe(mds_root, tokenizer_dir, eval_loader=None, max_duration="10ba", python_log_level=None,
-                         code_paths=[str(WORKER)], save_folder=str(folder / "ckpt"), save_interval="4ba",
-                         autoresume=True, callbacks={"record_samples": {"folder": str(folder)}},
-                         loggers={"jsonl": {"path": str(folder / "metrics.jsonl")}})
-    fixed_partition(recipe)
-    run_job(recipe, folder, "reference", entry=[*torchrun_args(2), "-m", "llmfoundry.cli", "train"])
-    return {"losses": losses(folder / "metrics.jsonl"), "batches": batches(folder),
-            "weights": checkpoint_weights(folder / "ckpt" / FINAL)}
-
-
-def _assert_same_training(reference, folder: Path, exactly_once: bool = True) -> None:
-    """Final weights and per-step losses bitwise equal to the reference's; each batch made of the reference's
-    samples, and (``exactly_once``) trained once: a stop that checkpoints first loses and repeats nothing, while
-    after a SIGKILL the batches since the newest checkpoint are trained again (the rows appear twice)."""
-    got = checkpoint_weights(folder / "ckpt" / FINAL)
-    for key, expected in reference["weights"].items():
-        assert torch.equal(expected, got[key]), key
-    seen = batches(folder)
-    assert sorted(seen) == list(range(1, 11))
-    for batch, rows in seen.items():
-        expected = sorted(reference["batches"][batch])
-        repeats = len(rows) // len(expected)
-        assert sorted(rows) == sorted(expected * repeats) and (repeats == 1 or not exactly_once), f"batch {batch}"
-    for step, loss in losses(folder / "metrics.jsonl").items():
-        assert loss == reference["losses"][step], f"step {step}"
-
-
-def test_a_one_node_job_trains_what_torchrun_trains(slurm_cluster, reference, launch_recipe, tmp_path):
+def test_a_one_node_job_trains_what_torchrun_trains(slurm_cluster, torchrun_reference, launch_recipe, tmp_path):
     recipe = write_recipe(launch_recipe(tmp_path / "run"), tmp_path)
     job = submit(recipe, tmp_path / "run")
     info = wait_for_state(job, {"COMPLETED", "FAILED", "CANCELLED"})
     assert info["JobState"] == "COMPLETED", job_log(tmp_path / "run")
     assert {p.name for p in (tmp_path / "run" / "slurm").iterdir()} >= {"job.sbatch", "recipe.yaml"}
-    _assert_same_training(reference, tmp_path / "run")
+    assert_same_training(torchrun_reference, tmp_path / "run")
 
 
-def test_b_two_nodes_on_one_host_train_what_torchrun_trains(slurm_cluster, reference, launch_recipe, tmp_path):
+def test_b_two_nodes_on_one_host_train_what_torchrun_trains(slurm_cluster, torchrun_reference, launch_recipe, tmp_path):
     """Two srun tasks ("nodes"), each torchrun --nnodes 2 --nproc-per-node 1, rendezvous on the first host."""
     recipe = write_recipe(launch_recipe(tmp_path / "run"), tmp_path)
     submit(recipe, tmp_path / "run", "--dry-run")
@@ -96,10 +55,10 @@ def test_b_two_nodes_on_one_host_train_what_torchrun_trains(slurm_cluster, refer
     log = job_log(tmp_path / "run")
     assert info["JobState"] == "COMPLETED", log
     assert "2 torchrun task(s)" in log
-    _assert_same_training(reference, tmp_path / "run")
+    assert_same_training(torchrun_reference, tmp_path / "run")
 
 
-def test_c_preemption_signal_checkpoints_requeues_and_resumes_bitwise(slurm_cluster, reference, launch_recipe,
+def test_c_preemption_signal_checkpoints_requeues_and_resumes_bitwise(slurm_cluster, torchrun_reference, launch_recipe,
                                                                       tmp_path):
     run = tmp_path / "run"
     recipe = write_recipe(launch_recipe(run, preemption_check_interval=2), tmp_path)
@@ -116,11 +75,11 @@ def test_c_preemption_signal_checkpoints_requeues_and_resumes_bitwise(slurm_clus
     assert max(losses(run / "metrics.jsonl")) == batch  # nothing trained after the preemption checkpoint
     info = wait_for_state(job, {"COMPLETED", "FAILED", "CANCELLED"})
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", job_log(run)
-    _assert_same_training(reference, run)
+    assert_same_training(torchrun_reference, run)
 
 
 def test_d_cancel_is_not_requeued_and_a_resubmission_resumes_from_a_complete_checkpoint(
-        slurm_cluster, reference, launch_recipe, tmp_path):
+        slurm_cluster, torchrun_reference, launch_recipe, tmp_path):
     run = tmp_path / "run"
     recipe = write_recipe(launch_recipe(run, save_interval="2ba"), tmp_path)
     job = submit(recipe, run)
@@ -141,11 +100,11 @@ def test_d_cancel_is_not_requeued_and_a_resubmission_resumes_from_a_complete_che
     info = wait_for_state(job2, {"COMPLETED", "FAILED", "CANCELLED"})
     assert info["JobState"] == "COMPLETED", job_log(run)
     resumed_steps = sorted(s for s in losses(run / "metrics.jsonl"))
-    _assert_same_training(reference, run)
+    assert_same_training(torchrun_reference, run)
     assert resumed_steps[-1] == 10
 
 
-def test_e_hyperpod_style_a_killed_rank_and_the_same_srun_line_rerun_resume(slurm_cluster, reference,
+def test_e_hyperpod_style_a_killed_rank_and_the_same_srun_line_rerun_resume(slurm_cluster, torchrun_reference,
                                                                            launch_recipe, tmp_path):
     run = tmp_path / "run"
     recipe = write_recipe(launch_recipe(run, save_interval="2ba"), tmp_path)
@@ -166,4 +125,4 @@ def test_e_hyperpod_style_a_killed_rank_and_the_same_srun_line_rerun_resume(slur
     job2 = sbatch(script)
     info = wait_for_state(job2, {"COMPLETED", "FAILED", "CANCELLED"})
     assert info["JobState"] == "COMPLETED", job_log(run)
-    _assert_same_training(reference, run, exactly_once=False)
+    assert_same_training(torchrun_reference, run, exactly_once=False)

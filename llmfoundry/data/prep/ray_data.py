@@ -206,12 +206,11 @@ def _write_blocks(batch: dict, *, shared_ref, out: str, spec: ConcatSpec, vocab_
 
 def _finetuning_blocks(batch: dict, *, shared_ref, out: str, columns: dict, signed: str, compression) -> dict:
     shared = _shared(shared_ref)
-    if finetuning._worker_state is None or finetuning._worker_state[1] is not shared["settings"]:
-        finetuning._init_example_worker(shared["tokenizer"], shared["settings"], shared["key"], shared["preprocess"])
     rows: dict[str, list] = {"block": [], "examples": [], "dropped": []}
     for block in batch["block"]:
         block = int(block)
-        built = finetuning._build_examples_in_worker(_items_of(shared, block))
+        built = finetuning.build_examples_in_this_process(shared["tokenizer"], shared["settings"], shared["key"],
+                                                          shared["preprocess"], _items_of(shared, block))
         examples = [e for e in built if e is not None]
         part = objectstore.join(out, block_folder(block))
         objectstore.remove_tree(part)
@@ -321,7 +320,7 @@ def write_finetuning(raw: Sequence[tuple[str, dict]], tokenizer, settings, key: 
     """Finetuning examples of ``raw`` (``(where, record)`` pairs) tokenized and written as MDS on a Ray cluster, in
     the order of ``raw``; returns (examples written, examples dropped by truncation)."""
     ray = _import_ray()
-    finetuning._preprocessor(settings, key, preprocess_records)  # a bad --preprocessor fails here, not in a worker
+    finetuning.record_preprocessor(settings, key, preprocess_records)  # a bad --preprocessor fails here, not in a worker
     blocks, _ = split_into_blocks([raw], workers, per_block)
     workers = max(1, min(workers, len(blocks)))
     shared = ray.put({"tokenizer": tokenizer, "settings": settings, "key": key, "preprocess": preprocess_records,
