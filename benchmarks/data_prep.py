@@ -71,6 +71,19 @@ def training_tokens_per_s(batches, vocab_size: int, seq_len: int, shape: str, st
     return seen / elapsed, device
 
 
+def synthetic_corpus(work: Path, n_docs: int, tokenizer_dir: str | None) -> tuple[list[str], str]:
+    """``n_docs`` documents of the tests' synthetic text (~4 paragraphs each) and a tokenizer folder: the one given,
+    else a 4096-token BPE trained on the first 2000 documents in ``work``."""
+    from llmfoundry.data.tokenizer_training import train_bpe_tokenizer
+    from tests.helpers import make_corpus
+
+    docs = [" ".join(make_corpus(4, seed=i)) for i in range(n_docs)]
+    if tokenizer_dir is None:
+        tokenizer_dir = str(work / "tok")
+        train_bpe_tokenizer(docs[:2000], vocab_size=4096, out_dir=tokenizer_dir)
+    return docs, tokenizer_dir
+
+
 def prepare_inputs(work: Path, docs: list[str], converters: list[str]) -> dict[str, Path]:
     """The corpus as the converters read it: .txt files, a JSONL file, a saved Hugging Face dataset."""
     inputs = {"text": work / "texts", "json": work / "docs.jsonl", "hf": work / "hf_dataset"}
@@ -134,20 +147,13 @@ def main() -> None:
     parser.add_argument("--train_steps", type=int, default=4, help="timed training steps (after one warm-up)")
     parser.add_argument("--skip_loader", action="store_true", help="time the converters only")
     args = parser.parse_args()
-    from tests.helpers import make_corpus
-
     from llmfoundry.data.prep import timing
-    from llmfoundry.data.tokenizer_training import train_bpe_tokenizer
     from llmfoundry.data.tokenizers import build_tokenizer
 
     converters = list(CONVERTERS) if args.converter == "all" else [args.converter]
     work = Path(tempfile.mkdtemp(prefix="llmfoundry-bench-"))
     try:
-        docs = [" ".join(make_corpus(4, seed=i)) for i in range(args.docs)]  # ~4 paragraphs per document
-        tokenizer_dir = args.tokenizer
-        if tokenizer_dir is None:
-            tokenizer_dir = str(work / "tok")
-            train_bpe_tokenizer(docs[:2000], vocab_size=4096, out_dir=tokenizer_dir)
+        docs, tokenizer_dir = synthetic_corpus(work, args.docs, args.tokenizer)
         inputs = prepare_inputs(work, docs, converters)
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 

@@ -66,16 +66,11 @@ def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import ray
 
-    from llmfoundry.data.tokenizer_training import train_bpe_tokenizer
-    from tests.helpers import make_corpus
+    from benchmarks.data_prep import synthetic_corpus
 
     work = Path(tempfile.mkdtemp(prefix="llmfoundry-ray-bench-"))
     try:
-        docs = [" ".join(make_corpus(4, seed=i)) for i in range(args.docs)]  # ~4 paragraphs per document
-        tokenizer_dir = args.tokenizer
-        if tokenizer_dir is None:
-            tokenizer_dir = str(work / "tok")
-            train_bpe_tokenizer(docs[:2000], vocab_size=4096, out_dir=tokenizer_dir)
+        docs, tokenizer_dir = synthetic_corpus(work, args.docs, args.tokenizer)
         (work / "docs.jsonl").write_text("\n".join(json.dumps({"text": d}) for d in docs))
         common = ["--path", str(work / "docs.jsonl"), "--concat_tokens", str(args.concat_tokens),
                   "--tokenizer", tokenizer_dir, "--quiet"]
