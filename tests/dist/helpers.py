@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 import yaml
 
+from tests.helpers import tiny_recipe
+
 REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("_train_worker.py")
 
@@ -136,6 +138,19 @@ class SharedRuns:
             run_job(recipe, self.folder, name, nproc=nproc, timeout=timeout)
             self.done.add(name)
         return self.folder / f"{name}.jsonl"
+
+    def recipe(self, mds_root: Path, tokenizer_dir: Path, name: str, steps: int, **extra) -> dict:
+        """The tiny recipe of run ``name``: ``steps`` batches of 4 in microbatches of 2, a checkpoint at batch 3,
+        per-step metrics in <name>.jsonl, optimizer_monitor's norms every step, and the shapes each rank holds
+        (record_shapes, from tests/dist/_train_worker.py) in <name>/."""
+        (self.folder / name).mkdir(exist_ok=True)
+        return tiny_recipe(mds_root, tokenizer_dir, eval_loader=None, python_log_level=None,
+                           max_duration=f"{steps}ba", global_train_batch_size=4, device_train_microbatch_size=2,
+                           save_folder=str(self.folder / f"{name}-ckpt"), save_interval="3ba",
+                           loggers={"jsonl": {"path": str(self.folder / f"{name}.jsonl")}},
+                           callbacks={"record_shapes": {"folder": str(self.folder / name)},
+                                      "optimizer_monitor": {"batch_log_interval": 1, "log_optimizer_metrics": False}},
+                           **extra)
 
 
 def memory_status(field: str) -> int:

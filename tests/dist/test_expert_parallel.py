@@ -13,7 +13,6 @@ import pytest
 
 from tests.dist.helpers import SharedRuns, checkpoint_weights, losses
 from tests.dist.test_tp_training import assert_same_curve, held, metric, resumed_curve
-from tests.helpers import tiny_recipe
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
@@ -29,14 +28,7 @@ def runs(tmp_path_factory) -> SharedRuns:
 @pytest.fixture(scope="module")
 def make(mds_root, tokenizer_dir, runs):
     def recipe(name: str, ep: int = 1, fsdp: bool = True, loss_weight: float = 0.0, **extra):
-        r = tiny_recipe(mds_root, tokenizer_dir, eval_loader=None, python_log_level=None, max_duration=f"{STEPS}ba",
-                        global_train_batch_size=4, device_train_microbatch_size=2,
-                        save_folder=str(runs.folder / f"{name}-ckpt"), save_interval="3ba",
-                        loggers={"jsonl": {"path": str(runs.folder / f"{name}.jsonl")}},
-                        callbacks={"record_shapes": {"folder": str(runs.folder / name)},
-                                   "optimizer_monitor": {"batch_log_interval": 1, "log_optimizer_metrics": False}},
-                        **extra)
-        (runs.folder / name).mkdir(exist_ok=True)  # record_shapes (tests/dist/_train_worker.py) writes there
+        r = runs.recipe(mds_root, tokenizer_dir, name, STEPS, **extra)
         r["model"]["ffn_config"] = dict(MOE, moe_world_size=ep, moe_loss_weight=loss_weight)
         if fsdp:
             r["fsdp_config"] = {"sharding_strategy": "FULL_SHARD", "mixed_precision": "FULL"}

@@ -15,7 +15,6 @@ import pytest
 
 from tests.dist.helpers import SharedRuns, losses
 from tests.eval.helpers import TINY_DATA as TINY_ICL
-from tests.helpers import tiny_recipe
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
@@ -32,14 +31,7 @@ def make(mds_root, tokenizer_dir, runs):
     def recipe(name: str, tp: int = 1, strategy: str = "ffn", fsdp: bool = False, evaluate: bool = False, **extra):
         """A tiny MPT (rope, separate q/k/v: what the block strategy can split; 4 query and 2 key/value heads, GLU
         FFN), global batch 4, 5 batches."""
-        r = tiny_recipe(mds_root, tokenizer_dir, eval_loader=None, python_log_level=None, max_duration=f"{STEPS}ba",
-                        global_train_batch_size=4, device_train_microbatch_size=2,
-                        save_folder=str(runs.folder / f"{name}-ckpt"), save_interval="3ba",
-                        loggers={"jsonl": {"path": str(runs.folder / f"{name}.jsonl")}},
-                        callbacks={"record_shapes": {"folder": str(runs.folder / name)},
-                                   "optimizer_monitor": {"batch_log_interval": 1, "log_optimizer_metrics": False}},
-                        **extra)
-        (runs.folder / name).mkdir(exist_ok=True)  # record_shapes (tests/dist/_train_worker.py) writes there
+        r = runs.recipe(mds_root, tokenizer_dir, name, STEPS, **extra)
         r["model"].update(n_heads=4, ffn_config={"ffn_type": "mptglu"},
                           attn_config={"attn_impl": "torch", "alibi": False, "rope": True, "fused_qkv": False,
                                        "attn_type": "grouped_query_attention", "kv_n_heads": 2})
