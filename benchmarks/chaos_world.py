@@ -38,7 +38,6 @@ class World:
     tokenizer: Path
     s3: MotoS3Server
     proxy: TcpProxy
-    faults_file: Path
     reference: dict = field(default_factory=dict)  # "weights", "batches"
 
     def env(self, proxied: bool = False) -> dict[str, str]:
@@ -59,13 +58,13 @@ def make_world(work: Path) -> World:
     s3.start()
     boto3.client("s3", endpoint_url=s3.url, aws_access_key_id="chaos", aws_secret_access_key="chaos",
                  region_name="us-east-1").create_bucket(Bucket=BUCKET)
-    return World(work, mds, tokenizer, s3, TcpProxy("127.0.0.1", s3.port).up(), FAULTS_FILE)
+    return World(work, mds, tokenizer, s3, TcpProxy("127.0.0.1", s3.port).up())
 
 
 def recipe(world: World, name: str, save_folder: str, **extra) -> dict:
     r = tiny_recipe(world.mds, world.tokenizer, eval_loader=None, max_duration=f"{BATCHES}ba", python_log_level=None,
                     save_interval=f"{SAVE_EVERY}ba", save_folder=save_folder, autoresume=True, run_name=name,
-                    fsdp_config=FSDP, code_paths=[str(world.faults_file)],
+                    fsdp_config=FSDP, code_paths=[str(FAULTS_FILE)],
                     callbacks={"record_samples": {"folder": "SAMPLES"}, "chaos_faults": {}},
                     checkpoint_upload={"staging_folder": str(world.work / name / "staging"), "max_backoff_s": 1.0})
     r.update(extra)
