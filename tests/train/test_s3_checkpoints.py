@@ -61,17 +61,19 @@ def test_s3_save_folder_keeps_the_newest_and_autoresumes_exactly(recipe, s3_serv
 
 
 class Outage(Callback):
-    """Stops the S3 server right after the ``at_save``-th checkpoint is handed to the uploader; restarts it later."""
+    """Stops the S3 server right after the ``at_save``-th checkpoint is handed to the uploader (in the background:
+    training goes on) or, with ``after_batch``, at the end of that batch once every earlier upload has finished (so
+    exactly the later checkpoints meet the dead store, however slow the machine); restarts it ``seconds`` later."""
 
-    def __init__(self, server, seconds: float, at_save: int = 1):
-        self.server, self.seconds, self.at_save = server, seconds, at_save
+    def __init__(self, server, seconds: float, at_save: int = 1, after_batch: int | None = None):
+        self.server, self.seconds, self.at_save, self.after_batch = server, seconds, at_save, after_batch
         self.stopped_at = self.restarted_at = None
         self.batch_times: dict[int, float] = {}
         self.saves = 0
 
     def on_checkpoint_saved(self, trainer, path):
         self.saves += 1
-        if self.stopped_at is None and self.saves == self.at_save:
+        if self.after_batch is None and self.stopped_at is None and self.saves == self.at_save:
             self.stopped_at = time.monotonic()
             threading.Thread(target=self.server.stop).start()  # stopping takes a moment; training goes on
             threading.Timer(self.seconds, self._restart).start()
@@ -82,6 +84,11 @@ class Outage(Callback):
 
     def on_batch_end(self, trainer, metrics):
         self.batch_times[trainer.time.batch] = time.monotonic()
+        if trainer.time.batch == self.after_batch:
+            assert trainer.checkpointer.uploader.wait(60), "an earlier upload did not finish before the outage"
+            self.server.stop()
+            self.stopped_at = time.monotonic()
+            threading.Timer(self.seconds, self._restart).start()
 
 
 @pytest.mark.parametrize("outage_s", [float(os.environ.get("LLMFOUNDRY_TEST_S3_OUTAGE_S", "3")),
@@ -127,7 +134,7 @@ def test_an_outage_longer_than_the_upload_budget_is_a_one_line_error_and_the_run
                                        "timeout_s": 2}, **extra))
 
     trainer = run()
-    outage = Outage(moto_s3, 8.0, at_save=2)  # ep0-ba2 is up; ep0-ba4 and ep0-ba6 meet a dead store
+    outage = Outage(moto_s3, 8.0, after_batch=3)  # ep0-ba2 is up; ep0-ba4 and ep0-ba6 meet a dead store
     trainer.callbacks.append(outage)
     with pytest.raises(TrainingStopped) as caught:
         trainer.fit()
