@@ -7,6 +7,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -102,6 +103,8 @@ handle = open(sys.argv[1], "a")
 fcntl.flock(handle, fcntl.LOCK_EX)
 print("held", flush=True)
 time.sleep(float(sys.argv[2]))
+print("released", time.monotonic(), flush=True)  # the machine-wide clock: comparable with the test's
+fcntl.flock(handle, fcntl.LOCK_UN)
 """
 
 
@@ -114,7 +117,10 @@ def test_building_a_dataset_waits_while_another_job_registers_its_shared_memory(
     try:
         assert holder.stdout.readline().strip() == "held"
         batch = next(iter(loader(mds_folder, tokenizer)))
-        assert holder.poll() is not None, "the loader was built while another process held the registration lock"
+        built_at = time.monotonic()
+        word, released_at = holder.stdout.readline().split()
+        assert word == "released" and built_at >= float(released_at), \
+            "the loader was built while another process held the registration lock"
         assert batch["input_ids"].shape == (4, 32)
     finally:
         holder.kill()

@@ -1,13 +1,17 @@
 """torchrun entry point for tests: `llmfoundry train` plus a `record_samples` callback that writes, per rank and
-batch, a hash of every sample row trained on (to check that no sample is seen twice), and a `record_shapes`
-callback that writes the shape of each parameter's local part on each rank (to check how the model was split)."""
+batch, a hash of every sample row trained on (to check that no sample is seen twice), a `record_shapes`
+callback that writes the shape of each parameter's local part on each rank (to check how the model was split), and
+a `hold` callback that parks every rank at the end of a batch until the test has done what it wanted to do there
+(a signal, a kill, a flag file): faults land at a known batch however fast or slow the machine is."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import sys
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from llmfoundry.config.fields import option
 from llmfoundry.registry import callbacks
@@ -44,6 +48,54 @@ class RecordShapes(Callback):
 
 
 callbacks.register("record_shapes", config=RecordSamplesSettings)(lambda s: RecordShapes(s))
+
+
+@dataclass
+class HoldSettings:
+    batch: int = option(5, "hold at the end of this batch (before it is logged, saved or checked for preemption)")
+    folder: str = option(".", "where held-rank{r} is written when the hold begins, and where `release` is looked for")
+    release: bool = option(True, "wait for the file `release` in folder; false: only a signal or a kill ends it")
+    ray_preemption: bool = option(False, "after the release, also wait until Ray's preemption notice has arrived")
+
+
+class Hold(Callback):
+    """On the first attempt only (a rank whose held-rank{r} marker exists goes on: a resumed run), each rank writes
+    its marker at the end of ``batch`` and waits there for the test: tests/launch/launch_helpers.wait_until_held."""
+
+    def __init__(self, settings: HoldSettings):
+        self.settings = settings
+
+    def on_batch_end(self, trainer, metrics):
+        s = self.settings
+        marker = Path(s.folder, f"held-rank{trainer.dist.rank}")
+        if trainer.time.batch != s.batch or marker.exists():
+            return
+        marker.touch()
+        deadline = time.monotonic() + 600  # a test that failed before releasing must not leave jobs behind
+        # a signal (scancel, a requeue signal, torchrun stopping the group) ends the hold too: what the rank does on
+        # it is what the test is about
+        while not (s.release and Path(s.folder, "release").exists()) and not trainer.preemption.signalled:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"hold: not released within 600 s of batch {s.batch}")
+            time.sleep(0.05)
+        if s.ray_preemption:
+            self.await_ray_preemption_notice()
+
+    @staticmethod
+    def await_ray_preemption_notice() -> None:
+        """Ray's watcher polls a drained node every RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S: wait here for its notice
+        (every rank asks as often as the others: the call is a barrier), so the worker's RayReport sees it at this
+        very batch."""
+        import ray.train
+
+        deadline = time.monotonic() + 120
+        while ray.train.get_preemption_info() is None:
+            if time.monotonic() > deadline:
+                raise RuntimeError("hold: no Ray preemption notice within 120 s of the release")
+            time.sleep(0.2)
+
+
+callbacks.register("hold", config=HoldSettings)(lambda s: Hold(s))
 
 if __name__ == "__main__":
     from llmfoundry.cli import main

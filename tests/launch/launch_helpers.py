@@ -140,16 +140,33 @@ def wait_for_state(job_id: str, states: set[str], timeout: float = 240, release:
     raise AssertionError(f"job {job_id} never reached {states}: {info}")
 
 
-def wait_for_step(metrics: Path, step: int, job_id: str, timeout: float = 240) -> None:
+def job_ended(job_id: str) -> str | None:
+    """The Slurm job's state once it is no longer pending or running; None while it is."""
+    state = job_info(job_id).get("JobState")
+    return None if state in ("PENDING", "RUNNING", "CONFIGURING", None) else f"job {job_id} ended ({state})"
+
+
+def hold(recipe: dict, folder: Path, batch: int, release: bool = True, **settings) -> dict:
+    """``recipe`` with tests/dist/_train_worker.py's `hold` callback, which parks every rank at the end of ``batch``
+    on the first attempt, until ``release_hold(folder)`` (when ``release``), a signal or a kill: the test's fault
+    then lands at that batch, before it is logged, saved or checked for preemption, however fast the machine
+    trains."""
+    recipe["callbacks"]["hold"] = {"batch": batch, "folder": str(folder), "release": release, **settings}
+    return recipe
+
+
+def wait_until_held(folder: Path, ended=lambda: None, ranks: int = 2, timeout: float = 300) -> None:
+    """Until every rank is parked by `hold`; ``ended()`` says why the run stopped early (None while it runs)."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if max(losses(metrics), default=0) >= step:
-            return
-        state = job_info(job_id).get("JobState")
-        if state not in ("PENDING", "RUNNING", "CONFIGURING", None):
-            raise AssertionError(f"job {job_id} ended ({state}) before step {step}")
+    while not all((folder / f"held-rank{r}").exists() for r in range(ranks)):
+        why = ended()
+        assert why is None, f"the run ended before its hold: {why}"
+        assert time.monotonic() < deadline, f"no rank held within {timeout} s"
         time.sleep(0.1)
-    raise AssertionError(f"job {job_id} did not reach step {step}")
+
+
+def release_hold(folder: Path) -> None:
+    (folder / "release").touch()
 
 
 def job_log(run_dir: Path) -> str:

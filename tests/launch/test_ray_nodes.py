@@ -17,7 +17,7 @@ import pytest
 
 from llmfoundry.launch import ray as ray_launch
 from tests.dist.helpers import losses
-from tests.launch.launch_helpers import assert_same_training, write_recipe
+from tests.launch.launch_helpers import assert_same_training, hold, release_hold, wait_until_held, write_recipe
 from tests.launch.ray_helpers import cluster_environment, ray_recipe
 
 ray = pytest.importorskip("ray")
@@ -102,15 +102,18 @@ def test_lost_node_restarts_the_group_and_ends_like_torchrun(cluster, torchrun_r
 def test_preemption_notice_saves_just_in_time(cluster, torchrun_reference, tmp_path, mds_root, tokenizer_dir):
     """`ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION` (what a cloud's spot reclaim does): the workers save a
     checkpoint at once, between save_interval's (4, 8), then the node goes and training continues from it."""
-    recipe = write_recipe(_recipe(mds_root, tokenizer_dir, tmp_path), tmp_path)
-    thread, outcome = _start(recipe, tmp_path, "node-preempted")
-    _wait_for_step(tmp_path / "metrics.jsonl", 5, thread, outcome)
+    recipe = hold(_recipe(mds_root, tokenizer_dir, tmp_path), tmp_path, batch=5, ray_preemption=True)
+    thread, outcome = _start(write_recipe(recipe, tmp_path), tmp_path, "node-preempted")
+    # the ranks wait at the end of batch 5 until the notice has reached them: the checkpoint is then ep0-ba5 (a
+    # notice arriving at batch 8 instead, a save_interval batch, would need no checkpoint of its own)
+    wait_until_held(tmp_path, lambda: None if thread.is_alive() else str(outcome.get("error"))[-3000:])
     doomed = _training_node(cluster, tmp_path, rank=1)
     drain = subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "drain-node", "--address", cluster.address,
                             "--node-id", doomed.node_id, "--reason", "DRAIN_NODE_REASON_PREEMPTION",
                             "--reason-message", "spot reclaim (test)", "--deadline-remaining-seconds", "60"],
                            capture_output=True, text=True, timeout=60)
     assert drain.returncode == 0, drain.stderr
+    release_hold(tmp_path)
     deadline = time.monotonic() + 120
     saved = []
     while not saved:
@@ -122,6 +125,7 @@ def test_preemption_notice_saves_just_in_time(cluster, torchrun_reference, tmp_p
     assert_same_training(torchrun_reference, tmp_path, exactly_once=False)
     seen = [b for b, _ in _rank0_batches(tmp_path)]
     jit = int(saved[0].split("ba")[1])
+    assert jit == 5, saved
     assert seen.count(jit) == 1 and all(seen.count(b) == 1 for b in range(1, jit + 1)), seen  # nothing redone
 
 

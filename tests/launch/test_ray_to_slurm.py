@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import pytest
 
 from tests.dist.helpers import kill_tree, losses, worker_env
-from tests.launch.launch_helpers import assert_same_training, batches, job_log, submit, wait_for_state, write_recipe
+from tests.launch.launch_helpers import (assert_same_training, batches, hold, job_log, submit, wait_for_state,
+                                         wait_until_held, write_recipe)
 from tests.launch.ray_helpers import ray_recipe
 
 pytest.importorskip("ray")
@@ -21,22 +21,19 @@ pytestmark = [pytest.mark.ray, pytest.mark.slurm, pytest.mark.slow, pytest.mark.
 def test_run_stopped_under_ray_continues_under_slurm(slurm_cluster, torchrun_reference, tmp_path, mds_root,
                                                      tokenizer_dir):
     folder = tmp_path / "run"
-    recipe = write_recipe(ray_recipe(mds_root, tokenizer_dir, folder), tmp_path)
+    # the Ray run's workers stop at the end of batch 5 (ep0-ba4 saved) until killed; the Slurm job goes past it
+    recipe = write_recipe(hold(ray_recipe(mds_root, tokenizer_dir, folder), folder, batch=5, release=False), tmp_path)
     log = open(tmp_path / "ray.log", "w")
     driver = subprocess.Popen([sys.executable, "-m", "llmfoundry.cli", "ray", str(recipe), "--num-workers", "2",
                                "--address", "local", "--storage-path", str(tmp_path / "ray")],
                               cwd=tmp_path, env=worker_env(), stdout=log, stderr=subprocess.STDOUT,
                               start_new_session=True)
     try:
-        deadline = time.monotonic() + 400
-        while max(losses(folder / "metrics.jsonl"), default=0) < 5:  # ep0-ba4 is saved by then
-            assert driver.poll() is None, (tmp_path / "ray.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "the Ray run never reached batch 5"
-            time.sleep(0.05)
+        wait_until_held(folder, lambda: None if driver.poll() is None else (tmp_path / "ray.log").read_text()[-3000:],
+                        timeout=400)
     finally:
         kill_tree(driver)  # the driver, its Ray cluster and the workers, at once
-    stopped_at = max(losses(folder / "metrics.jsonl"))
-    assert stopped_at < 10 and (folder / "ckpt" / "ep0-ba4" / ".metadata").exists()
+    assert max(losses(folder / "metrics.jsonl")) == 4 and (folder / "ckpt" / "ep0-ba4" / ".metadata").exists()
 
     job = submit(recipe, folder)
     info = wait_for_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=400)

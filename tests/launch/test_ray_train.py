@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,8 @@ import pytest
 from llmfoundry.launch import ray as ray_launch
 from tests.dist.helpers import kill_tree, launch, losses, torchrun_args
 from tests.helpers import S3_TEST_BUCKET
-from tests.launch.launch_helpers import FINAL, assert_same_training, llmfoundry, write_recipe
+from tests.launch.launch_helpers import (FINAL, assert_same_training, hold, llmfoundry, release_hold, wait_until_held,
+                                         write_recipe)
 from tests.launch.ray_helpers import cluster_environment, download_checkpoint, ray_recipe
 
 ray = pytest.importorskip("ray")
@@ -90,22 +90,20 @@ def test_run_stopped_under_torchrun_continues_under_ray_from_s3(reference, tmp_p
         pytest.fail(f"moto {moto.__version__} answers pyarrow's CompleteMultipartUpload (Ray's S3 storage) with a "
                     "malformed result: install moto[server]>=5.2.2")
     save_folder = f"s3://{S3_TEST_BUCKET}/runs/moved/ckpt"
-    recipe = ray_recipe(mds_root, tokenizer_dir, tmp_path, save_folder=save_folder, run_name="moved")
+    recipe = hold(ray_recipe(mds_root, tokenizer_dir, tmp_path, save_folder=save_folder, run_name="moved"),
+                  tmp_path, batch=5)
     flag = tmp_path / "stop-now"
     monkeypatch.setenv("LLMFOUNDRY_PREEMPT_FILE", str(flag))
     proc = launch(recipe, tmp_path, "torchrun", entry=[*torchrun_args(2), "-m", "llmfoundry.cli", "train"])
     try:
-        deadline = time.monotonic() + 300
-        while max(losses(tmp_path / "metrics.jsonl"), default=0) < 5 and proc.poll() is None:
-            assert time.monotonic() < deadline, "torchrun never reached batch 5"
-            time.sleep(0.05)
+        wait_until_held(tmp_path, lambda: None if proc.poll() is None else f"torchrun exited {proc.returncode}")
         flag.touch()
+        release_hold(tmp_path)
         assert proc.wait(timeout=300) != 0  # stopped with its checkpoint, not finished
     finally:
         if proc.poll() is None:
             kill_tree(proc)
-    stopped_at = max(losses(tmp_path / "metrics.jsonl"))
-    assert 5 <= stopped_at < 10
+    assert max(losses(tmp_path / "metrics.jsonl")) == 5  # flagged while held at batch 5: saved and stopped there
     monkeypatch.delenv("LLMFOUNDRY_PREEMPT_FILE")
 
     path = write_recipe(recipe, tmp_path, "ray")
@@ -157,17 +155,16 @@ def test_storage_path_on_s3_gets_the_endpoint_of_s3_endpoint_url(monkeypatch):
 def test_driver_run_again_with_the_same_name_resumes(reference, tmp_path, mds_root, tokenizer_dir):
     """The driver dies (SIGKILL; Ray ends its run); `llmfoundry ray` again with the same run name continues from
     the newest checkpoint."""
-    recipe = write_recipe(ray_recipe(mds_root, tokenizer_dir, tmp_path), tmp_path)
+    # the first driver's workers stop at the end of batch 5 for good (a rerun finds their markers and goes on)
+    recipe = write_recipe(hold(ray_recipe(mds_root, tokenizer_dir, tmp_path), tmp_path, batch=5, release=False),
+                          tmp_path)
     args = ["ray", str(recipe), "--num-workers", "2", "--run-name", "driver-dies", "--storage-path",
             str(tmp_path / "ray")]
     address = ray.get_runtime_context().gcs_address
     driver = subprocess.Popen([sys.executable, "-m", "llmfoundry.cli", *args, "--address", address], cwd=tmp_path,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 300
-        while max(losses(tmp_path / "metrics.jsonl"), default=0) < 5:
-            assert driver.poll() is None and time.monotonic() < deadline, "the first driver never reached batch 5"
-            time.sleep(0.05)
+        wait_until_held(tmp_path, lambda: None if driver.poll() is None else f"the driver exited {driver.returncode}")
     finally:
         driver.kill()
         driver.wait()

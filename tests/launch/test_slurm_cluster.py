@@ -19,13 +19,16 @@ from tests.launch.launch_helpers import (
     FINAL,
     OWN_SHM,
     assert_same_training,
+    hold,
+    job_ended,
     job_info,
     job_log,
     rank_processes,
+    release_hold,
     sbatch,
     submit,
     wait_for_state,
-    wait_for_step,
+    wait_until_held,
     write_recipe,
 )
 
@@ -61,10 +64,11 @@ def test_b_two_nodes_on_one_host_train_what_torchrun_trains(slurm_cluster, torch
 def test_c_preemption_signal_checkpoints_requeues_and_resumes_bitwise(slurm_cluster, torchrun_reference, launch_recipe,
                                                                       tmp_path):
     run = tmp_path / "run"
-    recipe = write_recipe(launch_recipe(run, preemption_check_interval=2), tmp_path)
+    recipe = write_recipe(hold(launch_recipe(run, preemption_check_interval=2), run, batch=3), tmp_path)
     job = submit(recipe, run)
-    wait_for_step(run / "metrics.jsonl", 3, job)
+    wait_until_held(run, lambda: job_ended(job))
     subprocess.run(["scancel", "--batch", "--signal=USR2", job], check=True)
+    release_hold(run)  # the signal reaches the ranks in the 5 batches left before training would end
     info = wait_for_state(job, {"PENDING", "COMPLETED", "FAILED", "CANCELLED"}, release=False)
     log = job_log(run)
     assert info["JobState"] == "PENDING" and info["Restarts"] == "1", (info, log)
@@ -81,10 +85,11 @@ def test_c_preemption_signal_checkpoints_requeues_and_resumes_bitwise(slurm_clus
 def test_d_cancel_is_not_requeued_and_a_resubmission_resumes_from_a_complete_checkpoint(
         slurm_cluster, torchrun_reference, launch_recipe, tmp_path):
     run = tmp_path / "run"
-    recipe = write_recipe(launch_recipe(run, save_interval="2ba"), tmp_path)
+    recipe = write_recipe(hold(launch_recipe(run, save_interval="2ba"), run, batch=5), tmp_path)
     job = submit(recipe, run)
-    wait_for_step(run / "metrics.jsonl", 5, job)
+    wait_until_held(run, lambda: job_ended(job))
     subprocess.run(["scancel", job], check=True)
+    release_hold(run)
     info = wait_for_state(job, {"CANCELLED", "COMPLETED", "FAILED"}, release=False)
     assert info["JobState"] == "CANCELLED" and info["Restarts"] == "0", info
     time.sleep(3)
@@ -107,7 +112,8 @@ def test_d_cancel_is_not_requeued_and_a_resubmission_resumes_from_a_complete_che
 def test_e_hyperpod_style_a_killed_rank_and_the_same_srun_line_rerun_resume(slurm_cluster, torchrun_reference,
                                                                            launch_recipe, tmp_path):
     run = tmp_path / "run"
-    recipe = write_recipe(launch_recipe(run, save_interval="2ba"), tmp_path)
+    # the first job's ranks stop at the end of batch 5 until rank 1 is killed there; the rerun goes past it
+    recipe = write_recipe(hold(launch_recipe(run, save_interval="2ba"), run, batch=5, release=False), tmp_path)
     submit(recipe, run, "--dry-run", "--hyperpod", "on")
     script = run / "slurm" / "job.sbatch"
     text = script.read_text()
@@ -115,7 +121,7 @@ def test_e_hyperpod_style_a_killed_rank_and_the_same_srun_line_rerun_resume(slur
     # Debian's Slurm has no HyperPod auto-resume plugin: run the same script without the flag, and re-run it.
     script.write_text(text.replace(" --auto-resume=1", ""))
     job = sbatch(script)
-    wait_for_step(run / "metrics.jsonl", 5, job)
+    wait_until_held(run, lambda: job_ended(job))
     rank1 = rank_processes(1, SLURM_JOB_ID=job)
     assert rank1, "rank 1 not found"
     os.kill(rank1[0], signal.SIGKILL)

@@ -63,9 +63,10 @@ def test_s3_save_folder_keeps_the_newest_and_autoresumes_exactly(recipe, s3_serv
 class Outage(Callback):
     """Stops the S3 server right after the ``at_save``-th checkpoint is handed to the uploader (in the background:
     training goes on) or, with ``after_batch``, at the end of that batch once every earlier upload has finished (so
-    exactly the later checkpoints meet the dead store, however slow the machine); restarts it ``seconds`` later."""
+    exactly the later checkpoints meet the dead store, however slow the machine). It restarts the server ``seconds``
+    after stopping it, or (``seconds=None``) when the test calls ``restart()``."""
 
-    def __init__(self, server, seconds: float, at_save: int = 1, after_batch: int | None = None):
+    def __init__(self, server, seconds: float | None, at_save: int = 1, after_batch: int | None = None):
         self.server, self.seconds, self.at_save, self.after_batch = server, seconds, at_save, after_batch
         self.stopped_at = self.restarted_at = None
         self.batch_times: dict[int, float] = {}
@@ -76,11 +77,7 @@ class Outage(Callback):
         if self.after_batch is None and self.stopped_at is None and self.saves == self.at_save:
             self.stopped_at = time.monotonic()
             threading.Thread(target=self.server.stop).start()  # stopping takes a moment; training goes on
-            threading.Timer(self.seconds, self._restart).start()
-
-    def _restart(self):
-        self.server.start()
-        self.restarted_at = time.monotonic()
+            self._restart_later()
 
     def on_batch_end(self, trainer, metrics):
         self.batch_times[trainer.time.batch] = time.monotonic()
@@ -88,7 +85,16 @@ class Outage(Callback):
             assert trainer.checkpointer.uploader.wait(60), "an earlier upload did not finish before the outage"
             self.server.stop()
             self.stopped_at = time.monotonic()
-            threading.Timer(self.seconds, self._restart).start()
+            self._restart_later()
+
+    def _restart_later(self):
+        if self.seconds is not None:
+            threading.Timer(self.seconds, self.restart).start()
+
+    def restart(self):
+        # noted before the server answers: an upload that then completes ends after restarted_at
+        self.restarted_at = time.monotonic()
+        self.server.start()
 
 
 @pytest.mark.parametrize("outage_s", [float(os.environ.get("LLMFOUNDRY_TEST_S3_OUTAGE_S", "3")),
@@ -134,16 +140,17 @@ def test_an_outage_longer_than_the_upload_budget_is_a_one_line_error_and_the_run
                                        "timeout_s": 2}, **extra))
 
     trainer = run()
-    outage = Outage(moto_s3, 8.0, after_batch=3)  # ep0-ba2 is up; ep0-ba4 and ep0-ba6 meet a dead store
+    outage = Outage(moto_s3, None, after_batch=3)  # ep0-ba2 is up; ep0-ba4 and ep0-ba6 meet a dead store
     trainer.callbacks.append(outage)
-    with pytest.raises(TrainingStopped) as caught:
-        trainer.fit()
+    try:
+        with pytest.raises(TrainingStopped) as caught:
+            trainer.fit()
+    finally:
+        outage.restart()
     message = str(caught.value)
     assert "\n" not in message
     assert message.startswith(f"save_folder: checkpoint upload to {url} did not complete (ep0-ba4, ep0-ba6; "
                               "checkpoint_upload.timeout_s: 2 s)")
-    while outage.restarted_at is None:
-        time.sleep(0.2)
     folder = uploads.RemoteCheckpoints(url)
     assert folder.complete_checkpoints() == ["ep0-ba2"]
     assert folder.read_text("latest").strip() == "ep0-ba2"
