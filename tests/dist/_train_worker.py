@@ -53,28 +53,31 @@ callbacks.register("record_shapes", config=RecordSamplesSettings)(lambda s: Reco
 @dataclass
 class HoldSettings:
     batch: int = option(5, "hold at the end of this batch (before it is logged, saved or checked for preemption)")
-    folder: str = option(".", "where held-rank{r} is written when the hold begins, and where `release` is looked for")
-    release: bool = option(True, "wait for the file `release` in folder; false: only a signal or a kill ends it")
+    folder: str = option(".", "where held-b{batch}-rank{r} is written when the hold begins, and where "
+                              "release-b{batch} is looked for")
+    release: bool = option(True, "wait for the file release-b{batch}; false: only a signal or a kill ends it")
     ray_preemption: bool = option(False, "after the release, also wait until Ray's preemption notice has arrived")
 
 
 class Hold(Callback):
-    """On the first attempt only (a rank whose held-rank{r} marker exists goes on: a resumed run), each rank writes
-    its marker at the end of ``batch`` and waits there for the test: tests/launch/launch_helpers.wait_until_held."""
+    """On the first attempt only (a rank whose held-b{batch}-rank{r} marker exists goes on: a resumed run), each
+    rank writes its marker at the end of ``batch`` and waits there for the test (launch_helpers.wait_until_held).
+    Registered twice (`hold`, `second_hold`) for a test that parks the ranks at two batches."""
 
     def __init__(self, settings: HoldSettings):
         self.settings = settings
 
     def on_batch_end(self, trainer, metrics):
         s = self.settings
-        marker = Path(s.folder, f"held-rank{trainer.dist.rank}")
+        marker = Path(s.folder, f"held-b{s.batch}-rank{trainer.dist.rank}")
         if trainer.time.batch != s.batch or marker.exists():
             return
         marker.touch()
         deadline = time.monotonic() + 600  # a test that failed before releasing must not leave jobs behind
         # a signal (scancel, a requeue signal, torchrun stopping the group) ends the hold too: what the rank does on
         # it is what the test is about
-        while not (s.release and Path(s.folder, "release").exists()) and not trainer.preemption.signalled:
+        release = Path(s.folder, f"release-b{s.batch}")
+        while not (s.release and release.exists()) and not trainer.preemption.signalled:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"hold: not released within 600 s of batch {s.batch}")
             time.sleep(0.05)
@@ -96,6 +99,7 @@ class Hold(Callback):
 
 
 callbacks.register("hold", config=HoldSettings)(lambda s: Hold(s))
+callbacks.register("second_hold", config=HoldSettings)(lambda s: Hold(s))
 
 if __name__ == "__main__":
     from llmfoundry.cli import main

@@ -146,27 +146,38 @@ def job_ended(job_id: str) -> str | None:
     return None if state in ("PENDING", "RUNNING", "CONFIGURING", None) else f"job {job_id} ended ({state})"
 
 
-def hold(recipe: dict, folder: Path, batch: int, release: bool = True, **settings) -> dict:
-    """``recipe`` with tests/dist/_train_worker.py's `hold` callback, which parks every rank at the end of ``batch``
-    on the first attempt, until ``release_hold(folder)`` (when ``release``), a signal or a kill: the test's fault
-    then lands at that batch, before it is logged, saved or checked for preemption, however fast the machine
-    trains."""
-    recipe["callbacks"]["hold"] = {"batch": batch, "folder": str(folder), "release": release, **settings}
+def hold(recipe: dict, folder: Path, batch: int, release: bool = True, name: str = "hold", **settings) -> dict:
+    """``recipe`` with tests/dist/_train_worker.py's `hold` callback (or its twin `second_hold`), which parks every
+    rank at the end of ``batch`` on the first attempt, until ``release_hold(folder, batch)`` (when ``release``), a
+    signal or a kill: the test's fault then lands at that batch, before it is logged, saved or checked for
+    preemption, however fast the machine trains."""
+    recipe["callbacks"][name] = {"batch": batch, "folder": str(folder), "release": release, **settings}
     return recipe
 
 
-def wait_until_held(folder: Path, ended=lambda: None, ranks: int = 2, timeout: float = 300) -> None:
-    """Until every rank is parked by `hold`; ``ended()`` says why the run stopped early (None while it runs)."""
+def wait_until_held(folder: Path, batch: int, ended=lambda: None, ranks: int = 2, timeout: float = 300) -> None:
+    """Until every rank is parked by a hold at ``batch``; ``ended()`` says why the run stopped early (None while
+    it runs)."""
     deadline = time.monotonic() + timeout
-    while not all((folder / f"held-rank{r}").exists() for r in range(ranks)):
+    while not all((folder / f"held-b{batch}-rank{r}").exists() for r in range(ranks)):
         why = ended()
-        assert why is None, f"the run ended before its hold: {why}"
-        assert time.monotonic() < deadline, f"no rank held within {timeout} s"
+        assert why is None, f"the run ended before its hold at batch {batch}: {why}"
+        assert time.monotonic() < deadline, f"no rank held at batch {batch} within {timeout} s"
         time.sleep(0.1)
 
 
-def release_hold(folder: Path) -> None:
-    (folder / "release").touch()
+def release_hold(folder: Path, batch: int) -> None:
+    (folder / f"release-b{batch}").touch()
+
+
+@contextlib.contextmanager
+def cancelled_on_failure(job_id: str):
+    """scancel the job when the block fails: a job parked by a hold would otherwise wait out its 600 s."""
+    try:
+        yield
+    except BaseException:
+        subprocess.run(["scancel", job_id], check=False)
+        raise
 
 
 def job_log(run_dir: Path) -> str:

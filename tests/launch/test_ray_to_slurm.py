@@ -29,7 +29,7 @@ def test_run_stopped_under_ray_continues_under_slurm(slurm_cluster, torchrun_ref
                               cwd=tmp_path, env=worker_env(), stdout=log, stderr=subprocess.STDOUT,
                               start_new_session=True)
     try:
-        wait_until_held(folder, lambda: None if driver.poll() is None else (tmp_path / "ray.log").read_text()[-3000:],
+        wait_until_held(folder, 5, lambda: None if driver.poll() is None else (tmp_path / "ray.log").read_text()[-3000:],
                         timeout=400)
     finally:
         kill_tree(driver)  # the driver, its Ray cluster and the workers, at once

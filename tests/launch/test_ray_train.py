@@ -96,9 +96,9 @@ def test_run_stopped_under_torchrun_continues_under_ray_from_s3(reference, tmp_p
     monkeypatch.setenv("LLMFOUNDRY_PREEMPT_FILE", str(flag))
     proc = launch(recipe, tmp_path, "torchrun", entry=[*torchrun_args(2), "-m", "llmfoundry.cli", "train"])
     try:
-        wait_until_held(tmp_path, lambda: None if proc.poll() is None else f"torchrun exited {proc.returncode}")
+        wait_until_held(tmp_path, 5, lambda: None if proc.poll() is None else f"torchrun exited {proc.returncode}")
         flag.touch()
-        release_hold(tmp_path)
+        release_hold(tmp_path, 5)
         assert proc.wait(timeout=300) != 0  # stopped with its checkpoint, not finished
     finally:
         if proc.poll() is None:
@@ -164,7 +164,7 @@ def test_driver_run_again_with_the_same_name_resumes(reference, tmp_path, mds_ro
     driver = subprocess.Popen([sys.executable, "-m", "llmfoundry.cli", *args, "--address", address], cwd=tmp_path,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_until_held(tmp_path, lambda: None if driver.poll() is None else f"the driver exited {driver.returncode}")
+        wait_until_held(tmp_path, 5, lambda: None if driver.poll() is None else f"the driver exited {driver.returncode}")
     finally:
         driver.kill()
         driver.wait()

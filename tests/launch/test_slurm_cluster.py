@@ -19,6 +19,7 @@ from tests.launch.launch_helpers import (
     FINAL,
     OWN_SHM,
     assert_same_training,
+    cancelled_on_failure,
     hold,
     job_ended,
     job_info,
@@ -66,17 +67,23 @@ def test_c_preemption_signal_checkpoints_requeues_and_resumes_bitwise(slurm_clus
     run = tmp_path / "run"
     recipe = write_recipe(hold(launch_recipe(run, preemption_check_interval=2), run, batch=3), tmp_path)
     job = submit(recipe, run)
-    wait_until_held(run, lambda: job_ended(job))
-    subprocess.run(["scancel", "--batch", "--signal=USR2", job], check=True)
-    release_hold(run)  # the signal reaches the ranks in the 5 batches left before training would end
-    info = wait_for_state(job, {"PENDING", "COMPLETED", "FAILED", "CANCELLED"}, release=False)
+    with cancelled_on_failure(job):
+        wait_until_held(run, 3, lambda: job_ended(job))
+        subprocess.run(["scancel", "--batch", "--signal=USR2", job], check=True)
+        # the batch script's trap turns the signal into the flag file the ranks look for: released once it is there
+        flag = run / "slurm" / f"preempt-{job}"
+        deadline = time.monotonic() + 60
+        while not flag.exists():
+            assert time.monotonic() < deadline and job_ended(job) is None, "the signal never became the flag file"
+            time.sleep(0.1)
+        release_hold(run, 3)
+        info = wait_for_state(job, {"PENDING", "COMPLETED", "FAILED", "CANCELLED"}, release=False)
     log = job_log(run)
     assert info["JobState"] == "PENDING" and info["Restarts"] == "1", (info, log)
     assert "requeueing job" in log
-    stopped = latest_checkpoint(run / "ckpt").name  # saved at the next agreed step (an even batch) after the signal
-    batch = int(stopped.split("ba")[1])
-    assert batch % 2 == 0 and 4 <= batch < 10, stopped
-    assert max(losses(run / "metrics.jsonl")) == batch  # nothing trained after the preemption checkpoint
+    stopped = latest_checkpoint(run / "ckpt").name  # saved at the next agreed step after the signal (checks: 2, 4..)
+    assert stopped == "ep0-ba4", stopped
+    assert max(losses(run / "metrics.jsonl")) == 4  # nothing trained after the preemption checkpoint
     info = wait_for_state(job, {"COMPLETED", "FAILED", "CANCELLED"})
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", job_log(run)
     assert_same_training(torchrun_reference, run)
@@ -85,18 +92,19 @@ def test_c_preemption_signal_checkpoints_requeues_and_resumes_bitwise(slurm_clus
 def test_d_cancel_is_not_requeued_and_a_resubmission_resumes_from_a_complete_checkpoint(
         slurm_cluster, torchrun_reference, launch_recipe, tmp_path):
     run = tmp_path / "run"
-    recipe = write_recipe(hold(launch_recipe(run, save_interval="2ba"), run, batch=5), tmp_path)
+    # parked at the end of batch 5 until the cancel's SIGTERM reaches the ranks (it ends the hold)
+    recipe = write_recipe(hold(launch_recipe(run, save_interval="2ba"), run, batch=5, release=False), tmp_path)
     job = submit(recipe, run)
-    wait_until_held(run, lambda: job_ended(job))
-    subprocess.run(["scancel", job], check=True)
-    release_hold(run)
-    info = wait_for_state(job, {"CANCELLED", "COMPLETED", "FAILED"}, release=False)
+    with cancelled_on_failure(job):
+        wait_until_held(run, 5, lambda: job_ended(job))
+        subprocess.run(["scancel", job], check=True)
+        info = wait_for_state(job, {"CANCELLED", "COMPLETED", "FAILED"}, release=False)
     assert info["JobState"] == "CANCELLED" and info["Restarts"] == "0", info
     time.sleep(3)
     assert job_info(job).get("JobState") == "CANCELLED"  # not requeued
     assert (run / "slurm" / f"exit-{job}").read_text().strip() == "143"  # SIGTERM: checkpoint, then 143
     newest = latest_checkpoint(run / "ckpt")
-    assert newest is not None and newest.name != FINAL
+    assert newest is not None and newest.name == "ep0-ba5"  # the cancel's own checkpoint, off save_interval
     # A checkpoint that was being written when the job died: newer, but never marked complete.
     partial = run / "ckpt" / ".tmp-ep0-ba9"
     partial.mkdir()
@@ -121,11 +129,12 @@ def test_e_hyperpod_style_a_killed_rank_and_the_same_srun_line_rerun_resume(slur
     # Debian's Slurm has no HyperPod auto-resume plugin: run the same script without the flag, and re-run it.
     script.write_text(text.replace(" --auto-resume=1", ""))
     job = sbatch(script)
-    wait_until_held(run, lambda: job_ended(job))
-    rank1 = rank_processes(1, SLURM_JOB_ID=job)
-    assert rank1, "rank 1 not found"
-    os.kill(rank1[0], signal.SIGKILL)
-    info = wait_for_state(job, {"FAILED", "COMPLETED", "CANCELLED"}, release=False)
+    with cancelled_on_failure(job):
+        wait_until_held(run, 5, lambda: job_ended(job))
+        rank1 = rank_processes(1, SLURM_JOB_ID=job)
+        assert rank1, "rank 1 not found"
+        os.kill(rank1[0], signal.SIGKILL)
+        info = wait_for_state(job, {"FAILED", "COMPLETED", "CANCELLED"}, release=False)
     assert info["JobState"] == "FAILED", job_log(run)
     assert latest_checkpoint(run / "ckpt").name != FINAL
     job2 = sbatch(script)
