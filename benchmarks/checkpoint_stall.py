@@ -90,7 +90,7 @@ def run_cases(spec: dict) -> dict:
             "step_idle_s": median_or_none([t for t, b in steps if not b]),
             "state_mb": dist_sum(state_mb),
         }
-        del trainer
+        trainer = None  # only one case's model and optimizer alive at a time
     dist.barrier()
     return results
 

@@ -21,6 +21,7 @@ our numbers are printed.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import tempfile
 import time
@@ -170,12 +171,8 @@ def main() -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
-    try:
-        import lm_eval  # noqa: F401
-
-        have_lm_eval = not args.skip_lm_eval
-    except ImportError:
-        have_lm_eval = False
+    have_lm_eval = importlib.util.find_spec("lm_eval") is not None and not args.skip_lm_eval
+    if importlib.util.find_spec("lm_eval") is None:
         print("lm-evaluation-harness is not installed: printing our numbers only")
     print(f"model {args.model}, threads {torch.get_num_threads()}, batch size {args.batch_size}, 0-shot, "
           f"first {args.limit} documents, median of {args.repeat} runs")
