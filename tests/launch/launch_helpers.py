@@ -15,10 +15,10 @@ import torch
 import yaml
 
 from llmfoundry import cli
-from tests.dist.helpers import REPO, checkpoint_weights, losses, run_job, seen_rows, torchrun_args, worker_env
+from tests.dist.helpers import (  # WORKER: registers record_samples and hold (via code_paths)
+    REPO, WORKER, checkpoint_weights, losses, run_job, seen_rows, torchrun_args, worker_env)
 from tests.helpers import tiny_recipe
 
-WORKER = REPO / "tests" / "dist" / "_train_worker.py"  # registers the record_samples callback (via code_paths)
 FINAL = "ep0-ba10"  # the launch recipe's last checkpoint
 
 
