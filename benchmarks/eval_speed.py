@@ -171,8 +171,9 @@ def main() -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
-    have_lm_eval = importlib.util.find_spec("lm_eval") is not None and not args.skip_lm_eval
-    if importlib.util.find_spec("lm_eval") is None:
+    installed = importlib.util.find_spec("lm_eval") is not None
+    have_lm_eval = installed and not args.skip_lm_eval
+    if not installed:
         print("lm-evaluation-harness is not installed: printing our numbers only")
     print(f"model {args.model}, threads {torch.get_num_threads()}, batch size {args.batch_size}, 0-shot, "
           f"first {args.limit} documents, median of {args.repeat} runs")

@@ -155,15 +155,20 @@ def hold(recipe: dict, folder: Path, batch: int, release: bool = True, name: str
     return recipe
 
 
-def wait_until_held(folder: Path, batch: int, ended=lambda: None, ranks: int = 2, timeout: float = 300) -> None:
-    """Until every rank is parked by a hold at ``batch``; ``ended()`` says why the run stopped early (None while
-    it runs)."""
+def wait_for_files(files: list[Path], what: str, ended=lambda: None, timeout: float = 300) -> None:
+    """Until every file exists; ``ended()`` says why the run stopped early (None while it runs)."""
     deadline = time.monotonic() + timeout
-    while not all((folder / f"held-b{batch}-rank{r}").exists() for r in range(ranks)):
+    while not all(f.exists() for f in files):
         why = ended()
-        assert why is None, f"the run ended before its hold at batch {batch}: {why}"
-        assert time.monotonic() < deadline, f"no rank held at batch {batch} within {timeout} s"
+        assert why is None, f"the run ended before {what}: {why}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
         time.sleep(0.1)
+
+
+def wait_until_held(folder: Path, batch: int, ended=lambda: None, ranks: int = 2, timeout: float = 300) -> None:
+    """Until every rank is parked by a hold at ``batch``."""
+    wait_for_files([folder / f"held-b{batch}-rank{r}" for r in range(ranks)], f"its hold at batch {batch}", ended,
+                   timeout)
 
 
 def release_hold(folder: Path, batch: int) -> None:

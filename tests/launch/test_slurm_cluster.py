@@ -28,6 +28,7 @@ from tests.launch.launch_helpers import (
     release_hold,
     sbatch,
     submit,
+    wait_for_files,
     wait_for_state,
     wait_until_held,
     write_recipe,
@@ -71,11 +72,7 @@ def test_c_preemption_signal_checkpoints_requeues_and_resumes_bitwise(slurm_clus
         wait_until_held(run, 3, lambda: job_ended(job))
         subprocess.run(["scancel", "--batch", "--signal=USR2", job], check=True)
         # the batch script's trap turns the signal into the flag file the ranks look for: released once it is there
-        flag = run / "slurm" / f"preempt-{job}"
-        deadline = time.monotonic() + 60
-        while not flag.exists():
-            assert time.monotonic() < deadline and job_ended(job) is None, "the signal never became the flag file"
-            time.sleep(0.1)
+        wait_for_files([run / "slurm" / f"preempt-{job}"], "the flag file", lambda: job_ended(job), timeout=60)
         release_hold(run, 3)
         info = wait_for_state(job, {"PENDING", "COMPLETED", "FAILED", "CANCELLED"}, release=False)
     log = job_log(run)
