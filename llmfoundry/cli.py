@@ -7,6 +7,7 @@ import sys
 import unicodedata
 
 from llmfoundry.core.errors import CollectiveError, ConfigError, did_you_mean
+from llmfoundry.core.secrets import protect_process
 
 # command -> (module with `main(argv: list[str]) -> int`, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -57,6 +58,7 @@ def run_main(main, argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    protect_process(argv)  # before any logger records the command line or the console
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(_usage())
         return 0 if argv else 2

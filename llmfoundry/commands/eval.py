@@ -28,7 +28,7 @@ import yaml
 from llmfoundry import registry
 from llmfoundry.commands.eval_model import EvalRun, StepTime, evaluate_model
 from llmfoundry.config.load import load_config
-from llmfoundry.config.secrets import mask_secrets
+from llmfoundry.core.secrets import mask_secrets
 from llmfoundry.config.validate import to_plain, validate
 from llmfoundry.core.dist import init_distributed
 from llmfoundry.core.notices import notice_once

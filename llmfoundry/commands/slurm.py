@@ -8,6 +8,7 @@ for preemption, requeue and SageMaker HyperPod.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -15,7 +16,8 @@ from pathlib import Path
 
 from llmfoundry.commands.train import load_train_config
 from llmfoundry.core.errors import ConfigError
-from llmfoundry.launch.recipe import dns_label, recipe_text, resolved_recipe
+from llmfoundry.core.notices import notice_once
+from llmfoundry.launch.recipe import dns_label, recipe_text, resolved_recipe, secrets_to_env
 from llmfoundry.launch.slurm import SlurmJob, is_hyperpod, write_job
 from llmfoundry.train.compat import device_batch_size
 
@@ -51,22 +53,29 @@ def main(argv: list[str]) -> int:
     cfg, plain = load_train_config(args.recipe, args.overrides)
     if args.nodes >= 1 and args.gpus_per_node >= 1:  # the global batch must split over every process
         device_batch_size(cfg.global_train_batch_size, args.nodes * args.gpus_per_node, cfg.tp_config)
-    recipe = resolved_recipe(plain)
+    recipe, secrets, where = secrets_to_env(resolved_recipe(plain))
     workdir = Path.cwd().resolve()
     run_dir = Path(args.run_dir).resolve() if args.run_dir else workdir / "runs" / recipe["run_name"]
     job = SlurmJob(run_dir=run_dir, workdir=workdir, job_name=dns_label(recipe["run_name"]), nodes=args.nodes,
                    gpus_per_node=args.gpus_per_node, partition=args.partition, account=args.account,
                    time=args.time, qos=args.qos, container_image=args.container_image,
                    max_requeues=args.max_requeues, signal=args.signal, hyperpod=is_hyperpod(args.hyperpod),
-                   cpu=args.cpu)
+                   cpu=args.cpu, secret_env=tuple(secrets))
     script = write_job(job, recipe_text(recipe))
     print(f"wrote {script} and {job.recipe_path}")
+    given = {name: value for name, value in secrets.items() if os.environ.get(name) != value}
+    for name in secrets:
+        how = (("set it in the environment you submit from" if args.dry_run else "sbatch exports it from here")
+               if name in given else "sbatch exports it from this environment")
+        notice_once(f"{where[name]}: a secret, not written to the recipe; the job reads it from ${name} ({how})")
     if args.dry_run:
         return 0
     if shutil.which("sbatch") is None:
         raise ConfigError("sbatch: not found on PATH (run on a Slurm login node, or use --dry-run and submit "
                           f"{script} yourself)")
-    result = subprocess.run(["sbatch", "--parsable", str(script)], check=False, capture_output=True, text=True)
+    # the secrets given here reach the job through the environment sbatch exports, never through a file
+    result = subprocess.run(["sbatch", "--parsable", str(script)], check=False, capture_output=True, text=True,
+                            env={**os.environ, **given})
     if result.returncode != 0:
         print(f"error: sbatch failed: {result.stderr.strip()}", file=sys.stderr)
         return result.returncode

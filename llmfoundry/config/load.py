@@ -27,6 +27,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from llmfoundry.core.errors import ConfigError, closest, first_line
 from llmfoundry.core.notices import notice_once
+from llmfoundry.core.secrets import find_secrets, remember
 
 _FORMS = "key=value with a YAML value, +key=value, ++key=value or ~key"
 
@@ -148,6 +149,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None, schema: ty
     apply_overrides(cfg, list(overrides or []))
     referenced = interpolated_names(cfg)
     plain = resolve(cfg, source=str(path))
+    remember(find_secrets(plain))  # masked in every message that quotes them from now on
     if schema is not None:
         adopt_top_level_variables(plain, schema, referenced)
     return plain

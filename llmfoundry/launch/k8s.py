@@ -7,10 +7,15 @@ torchrun with the node count, rank and master that Kubeflow injects (``PET_*``; 
 ``RANK``, ``WORLD_SIZE`` otherwise). A pod that fails or is evicted (SIGTERM: checkpoint, exit 143) is restarted
 and autoresumes: ``restartPolicy: OnFailure`` with ``backoffLimit`` for a PyTorchJob; for a TrainJob the
 runtime's JobSet ``failurePolicy.maxRestarts`` decides (see docs/clusters.md).
+
+Secrets never enter the ConfigMap: the recipe reads each one with ``${oc.env:NAME}`` and the container's NAME
+comes from a Kubernetes Secret (``secretKeyRef``): one the user names (``--secret-env NAME=secret/key``), or the
+Secret `llmfoundry k8s` writes to a file of its own (``secret_manifest``).
 """
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass
 
 RECIPE_ENV = "LLMFOUNDRY_RECIPE"
@@ -31,10 +36,16 @@ class KubeJob:
     runtime: str = "torch-distributed"  # the ClusterTrainingRuntime a TrainJob uses
     max_restarts: int = 3
     cpu: bool = False  # no nvidia.com/gpu request (CPU pods, gloo)
+    secret_env: tuple[tuple[str, str, str], ...] = ()  # (variable, Secret name, key in that Secret)
 
     @property
     def config_map(self) -> str:
         return f"{self.name}-recipe"
+
+    @property
+    def secret(self) -> str:
+        """The Secret that `llmfoundry k8s` writes for the secrets given to it."""
+        return f"{self.name}-secrets"
 
     def command(self) -> list[str]:
         """The container command: the same for both kinds and for a local run with PET_* variables."""
@@ -48,8 +59,10 @@ class KubeJob:
         return ["sh", "-c", script]
 
     def env(self) -> list[dict]:
+        secrets = [{"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+                   for name, secret, key in self.secret_env]
         return [{"name": RECIPE_ENV, "valueFrom": {"configMapKeyRef": {"name": self.config_map, "key": RECIPE_KEY}}},
-                {"name": "PYTHONUNBUFFERED", "value": "1"}]
+                {"name": "PYTHONUNBUFFERED", "value": "1"}, *secrets]
 
     def resources(self) -> dict:
         if self.cpu:
@@ -66,6 +79,11 @@ class KubeJob:
     def config_map_manifest(self, recipe_text: str) -> dict:
         return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": self._metadata(self.config_map),
                 "data": {RECIPE_KEY: recipe_text}}
+
+    def secret_manifest(self, values: dict[str, str]) -> dict:
+        """The Secret holding ``values`` (variable -> secret), base64-encoded as Kubernetes stores them."""
+        return {"apiVersion": "v1", "kind": "Secret", "metadata": self._metadata(self.secret), "type": "Opaque",
+                "data": {name: base64.b64encode(value.encode()).decode() for name, value in values.items()}}
 
     def trainjob(self) -> dict:
         trainer = {"image": self.image, "command": self.command(), "env": self.env(), "numNodes": self.nodes,

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Any
 
 import yaml
 
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.core.notices import notice_once
+from llmfoundry.core.secrets import env_name_for, find_secrets, library_variable
 from llmfoundry.train.run_name import generate_run_name, given_run_name
 
 
@@ -39,6 +41,39 @@ def resolved_recipe(plain: dict, key_prefix: str = "", run_name: str | None = No
                     "from the newest complete checkpoint in save_folder")
         recipe["autoresume"] = True
     return recipe
+
+
+def secrets_to_env(recipe: dict) -> tuple[dict, dict[str, str], dict[str, str]]:
+    """``recipe`` with every secret it holds replaced by ``${oc.env:NAME}``, so that the job reads it from its own
+    environment; returns (that recipe, {NAME: secret value}, {NAME: the recipe key where it was found}).
+
+    A secret is what the log masking treats as one (core/secrets.py), including the value of a credential
+    variable of this environment that an ``${oc.env:...}`` interpolation copied into the recipe."""
+    env: dict[str, str] = {}
+    where: dict[str, str] = {}
+    names: dict[str, str] = {}  # secret value -> NAME
+    found = find_secrets(recipe).items()
+    # a key named like a library's variable (hf_token -> HF_TOKEN) gets that name before a value merely copied from it
+    for value, path in sorted(found, key=lambda item: library_variable(item[1]) is None):
+        name = env_name_for(value, path)
+        if env.get(name, value) != value:  # another secret already has that name (e.g. a URL's user and token)
+            name = f"{name}_{len(env)}"
+        env[name], where[name], names[value] = value, path, name
+    ordered = sorted(names, key=len, reverse=True)  # a secret inside another is replaced whole
+
+    def replace(obj: Any) -> Any:
+        if isinstance(obj, dict):
+            return {k: replace(v) for k, v in obj.items()}
+        if isinstance(obj, list):
+            return [replace(v) for v in obj]
+        if isinstance(obj, (int, float)) and not isinstance(obj, bool) and str(obj) in names:
+            return f"${{oc.env:{names[str(obj)]}}}"
+        if isinstance(obj, str):
+            for value in ordered:
+                obj = obj.replace(value, f"${{oc.env:{names[value]}}}")
+        return obj
+
+    return replace(recipe), env, where
 
 
 def recipe_text(recipe: dict) -> str:

@@ -69,6 +69,7 @@ class SlurmJob:
     hyperpod: bool = False
     cpu: bool = False  # processes on CPUs (gloo): no GPUs requested, the node not taken exclusively
     python: str = sys.executable
+    secret_env: tuple[str, ...] = ()  # variables the recipe reads its secrets from (sbatch exports them)
 
     @property
     def slurm_dir(self) -> Path:
@@ -119,6 +120,16 @@ class SlurmJob:
                 "--rdzv-backend=c10d", '--rdzv-endpoint="$HEAD:$PORT"', '--rdzv-id="$SLURM_JOB_ID"',
                 "-m", "llmfoundry.cli", "train", '"$RECIPE"']
 
+    def secret_checks(self) -> str:
+        """Lines that stop the job at once, naming the variable, when a secret the recipe reads is not set."""
+        if not self.secret_env:
+            return ""
+        lines = ["# The recipe reads its secrets from these variables (never written into it); sbatch exports the",
+                 "# submitting shell's environment to the job."]
+        lines += [f': "${{{name}:?llmfoundry: {name} is not set in the environment of the job '
+                  f'(export it, then submit again)}}"' for name in self.secret_env]
+        return "\n".join(lines) + "\n"
+
     def script(self) -> str:
         name, _ = batch_signal(self.signal)
         max_requeues = 0 if self.hyperpod else self.max_requeues
@@ -144,7 +155,7 @@ if [ -z "${{SLURM_JOB_END_TIME:-}}" ]; then
     end=$(squeue -h -j "$SLURM_JOB_ID" -o %e 2>/dev/null)
     export LLMFOUNDRY_JOB_END_TIME=$(date -d "$end" +%s 2>/dev/null || true)
 fi
-HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+{self.secret_checks()}HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 PORT=$((20000 + SLURM_JOB_ID % 20000))
 NTASKS=${{SLURM_NTASKS:-$SLURM_JOB_NUM_NODES}}
 echo "llmfoundry: job $SLURM_JOB_ID (restart ${{SLURM_RESTART_COUNT:-0}}) on $SLURM_JOB_NODELIST, $NTASKS torchrun" \\

@@ -18,7 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from llmfoundry import registry
-from llmfoundry.config.secrets import mask_secrets
+from llmfoundry.core.secrets import mask_secrets
 from llmfoundry.core import dist, precision
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.core.notices import notice_once

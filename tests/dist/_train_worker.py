@@ -1,6 +1,7 @@
 """torchrun entry point for tests: `llmfoundry train` plus a `record_samples` callback that writes, per rank and
 batch, a hash of every sample row trained on (to check that no sample is seen twice), a `record_shapes`
-callback that writes the shape of each parameter's local part on each rank (to check how the model was split), and
+callback that writes the shape of each parameter's local part on each rank (to check how the model was split),
+a `print_env_hash` callback that prints the hash of a secret the job reads from its environment, and
 a `hold` callback that parks every rank at the end of a batch until the test has done what it wanted to do there
 (a signal, a kill, a flag file): faults land at a known batch however fast or slow the machine is."""
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -100,6 +102,26 @@ class Hold(Callback):
 
 callbacks.register("hold", config=HoldSettings)(lambda s: Hold(s))
 callbacks.register("second_hold", config=HoldSettings)(lambda s: Hold(s))
+
+@dataclass
+class EnvHashSettings:
+    name: str = option("HF_TOKEN", "the environment variable whose SHA-256 rank 0 prints")
+
+
+class PrintEnvHash(Callback):
+    """Rank 0 prints ``<name> sha256 <hex>`` at the start of training: the job got the secret, and only its hash
+    is shown."""
+
+    def __init__(self, settings: EnvHashSettings):
+        self.name = settings.name
+
+    def on_fit_start(self, trainer):
+        if trainer.dist.rank == 0:
+            digest = hashlib.sha256(os.environ.get(self.name, "").encode()).hexdigest()
+            print(f"{self.name} sha256 {digest}", flush=True)
+
+
+callbacks.register("print_env_hash", config=EnvHashSettings)(lambda s: PrintEnvHash(s))
 
 if __name__ == "__main__":
     from llmfoundry.cli import main

@@ -100,12 +100,14 @@ def llmfoundry(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
-def submit(recipe: Path, run_dir: Path, *extra: str) -> str:
+def submit(recipe: Path, run_dir: Path, *extra: str, env: dict[str, str] | None = None) -> str:
     """`llmfoundry slurm RECIPE --nodes 1 --gpus-per-node 2 --cpu --run-dir RUN_DIR ...` as a user runs it (its
-    own process: sbatch passes that environment on to the job); returns the job id."""
+    own process, with ``env`` added to the environment: sbatch passes that environment on to the job); returns the
+    job id."""
     result = subprocess.run([sys.executable, "-m", "llmfoundry.cli", "slurm", str(recipe), "--nodes", "1",
                              "--gpus-per-node", "2", "--cpu", "--run-dir", str(run_dir), *extra], cwd=run_dir.parent,
-                            env=worker_env(), check=False, capture_output=True, text=True, timeout=120)
+                            env={**worker_env(), **(env or {})}, check=False, capture_output=True, text=True,
+                            timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout.strip().splitlines()[-1]
 

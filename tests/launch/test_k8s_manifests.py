@@ -3,6 +3,7 @@ tests/fixtures/k8s, sources named there), and whose container command trains whe
 
 from __future__ import annotations
 
+import base64
 import json
 import socket
 import subprocess
@@ -14,6 +15,7 @@ import yaml
 from llmfoundry.launch.k8s import RECIPE_ENV, KubeJob
 from tests.dist.helpers import checkpoint_weights, worker_env
 from tests.launch.launch_helpers import OWN_SHM, llmfoundry, write_recipe
+from tests.planted_secrets import leaks
 
 jsonschema = pytest.importorskip("jsonschema")
 SCHEMAS = Path(__file__).resolve().parents[1] / "fixtures" / "k8s"
@@ -35,7 +37,8 @@ def _write_manifests(tmp_path, recipe_dict, *extra) -> list[dict]:
 @pytest.mark.parametrize("kind, schema", [("trainjob", "trainjob"), ("pytorchjob", "pytorchjob")])
 def test_manifests_validate_against_the_crd_schemas(launch_recipe, tmp_path, kind, schema):
     config_map, job = _write_manifests(tmp_path, launch_recipe(tmp_path / "run", run_name="Tiny_Run.1",
-                                                                global_train_batch_size=8), "--kind", kind)
+                                                                global_train_batch_size=8), "--kind", kind,
+                                       "+variables.hf_token=tok-12345678", "--secret-env", "WANDB_API_KEY=wandb/key")
     jsonschema.validate(config_map, _schema("configmap"))
     jsonschema.validate(job, _schema(schema))
     assert job["metadata"]["name"] == "tiny-run-1"
@@ -79,8 +82,14 @@ def _free_port() -> int:
 @pytest.mark.dist
 @pytest.mark.slow
 def test_the_container_command_trains_with_the_variables_kubeflow_injects(launch_recipe, tmp_path):
-    """Two "pods" on 127.0.0.1: each runs the TrainJob's command with PET_* and the recipe from the ConfigMap."""
-    config_map, job = _write_manifests(tmp_path, launch_recipe(tmp_path / "run", run_name="pet"), "--cpu")
+    """Two "pods" on 127.0.0.1: each runs the TrainJob's command with PET_* and the recipe from the ConfigMap, and
+    with the variables of the Secret that `llmfoundry k8s` wrote for a token given as an override."""
+    token = "planted-" + "7" * 24
+    config_map, job = _write_manifests(tmp_path, launch_recipe(tmp_path / "run", run_name="pet"), "--cpu",
+                                       f"+variables.hf_token={token}")
+    secret = yaml.safe_load((tmp_path / "job.k8s.secrets.yaml").read_text())
+    secret_env = {name: base64.b64decode(value).decode() for name, value in secret["data"].items()}
+    assert secret_env == {"HF_TOKEN": token} and token not in json.dumps([config_map, job])
     command = job["spec"]["trainer"]["command"]
     assert "nvidia.com/gpu" not in json.dumps(job)
     port = str(_free_port())
@@ -90,7 +99,7 @@ def test_the_container_command_trains_with_the_variables_kubeflow_injects(launch
         pod_tmp.mkdir()
         env = dict(worker_env(), TMPDIR=str(pod_tmp), PET_NNODES="2", PET_NPROC_PER_NODE="1",
                    PET_NODE_RANK=str(node_rank), PET_MASTER_ADDR="127.0.0.1", PET_MASTER_PORT=port,
-                   **{RECIPE_ENV: config_map["data"]["recipe.yaml"]})
+                   **{RECIPE_ENV: config_map["data"]["recipe.yaml"]}, **secret_env)
         with open(tmp_path / f"pod{node_rank}.log", "w") as log:
             procs.append(subprocess.Popen([*OWN_SHM, *command], env=env, cwd=tmp_path, stdout=log,
                                           stderr=subprocess.STDOUT))
@@ -98,6 +107,7 @@ def test_the_container_command_trains_with_the_variables_kubeflow_injects(launch
     assert codes == [0, 0], (tmp_path / "pod0.log").read_text()[-3000:]
     assert (tmp_path / "pod1" / "llmfoundry-recipe.yaml").exists()
     assert len(checkpoint_weights(tmp_path / "run" / "ckpt" / "ep0-ba10")) > 0
+    assert not leaks([token], tmp_path)  # pod logs, recipe copies, checkpoints; the Secret file holds it in base64
     rows = [json.loads(line) for p in (tmp_path / "run").glob("samples-2x-rank*.jsonl")
             for line in p.read_text().splitlines()]
     assert sorted({r["rank"] for r in rows}) == [0, 1] and len(rows) == 20  # 2 ranks x 10 batches

@@ -4,6 +4,7 @@ re-run of the same srun line), each ending with weights bitwise equal to the uni
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 import signal
@@ -33,17 +34,28 @@ from tests.launch.launch_helpers import (
     wait_until_held,
     write_recipe,
 )
+from tests.planted_secrets import leaks, plant
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-def test_a_one_node_job_trains_what_torchrun_trains(slurm_cluster, torchrun_reference, launch_recipe, tmp_path):
-    recipe = write_recipe(launch_recipe(tmp_path / "run"), tmp_path)
-    job = submit(recipe, tmp_path / "run")
+def test_a_one_node_job_trains_what_torchrun_trains_and_reads_its_secrets_from_the_environment(
+        slurm_cluster, torchrun_reference, launch_recipe, tmp_path):
+    """Tokens planted every way a user gives one (tests/planted_secrets.py) are in no file of the run folder (the
+    submitted recipe, the script, the job's log, checkpoints, metrics), and the job still gets them: it prints the
+    hash of HF_TOKEN, which the command-line override set."""
+    planted = plant()
+    recipe_dict = planted.recipe(launch_recipe(tmp_path / "run"))
+    recipe_dict["callbacks"]["print_env_hash"] = {"name": "HF_TOKEN"}
+    recipe = write_recipe(recipe_dict, tmp_path)
+    job = submit(recipe, tmp_path / "run", *planted.overrides, env=planted.env)
     info = wait_for_state(job, {"COMPLETED", "FAILED", "CANCELLED"})
     assert info["JobState"] == "COMPLETED", job_log(tmp_path / "run")
     assert {p.name for p in (tmp_path / "run" / "slurm").iterdir()} >= {"job.sbatch", "recipe.yaml"}
     assert_same_training(torchrun_reference, tmp_path / "run")
+    assert f"HF_TOKEN sha256 {hashlib.sha256(planted.tokens['override'].encode()).hexdigest()}" in job_log(
+        tmp_path / "run")
+    assert not leaks(planted.tokens.values(), tmp_path / "run")
 
 
 def test_b_two_nodes_on_one_host_train_what_torchrun_trains(slurm_cluster, torchrun_reference, launch_recipe, tmp_path):

@@ -1,6 +1,6 @@
 """The interface of a metrics logger. Only rank 0 builds loggers.
 
-Each logger masks secrets (llmfoundry.config.secrets) in what it logs as hyperparameters itself, whoever calls it.
+Each logger masks secrets (llmfoundry.core.secrets) in what it logs as hyperparameters itself, whoever calls it.
 """
 
 from __future__ import annotations

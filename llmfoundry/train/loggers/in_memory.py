@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from llmfoundry.config.secrets import mask_secrets
+from llmfoundry.core.secrets import mask_secrets
 from llmfoundry.registry import loggers
 from llmfoundry.train.loggers.base import Logger
 

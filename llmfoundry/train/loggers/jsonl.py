@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmfoundry.config.fields import option
-from llmfoundry.config.secrets import mask_secrets
+from llmfoundry.core.secrets import mask_secrets
 from llmfoundry.registry import loggers
 from llmfoundry.train.loggers.base import Logger
 

@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Any
 
-from llmfoundry.config.secrets import mask_secrets
+from llmfoundry.core.secrets import mask_secrets
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.core.notices import notice_once
 from llmfoundry.registry import loggers

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from llmfoundry.config.fields import option
-from llmfoundry.config.secrets import mask_secrets
+from llmfoundry.core.secrets import mask_secrets
 from llmfoundry.registry import loggers
 from llmfoundry.train.loggers.base import Logger
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from llmfoundry.config.fields import option
-from llmfoundry.config.secrets import mask_secrets
+from llmfoundry.core.secrets import mask_secrets
 from llmfoundry.registry import loggers
 from llmfoundry.train.loggers.base import Logger
 

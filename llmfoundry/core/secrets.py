@@ -1,0 +1,224 @@
+"""Secrets never leave the process: what counts as one, and masking it wherever text is written.
+
+A value is a secret when its key looks like one (token, api_key, password, ...), when it has a known token format
+(``hf_...``, ``sk-...``, ``AKIA...``), when it is the credential part of a URL (``scheme://user:pass@host``,
+``?token=``, ``X-Amz-Signature=``), or when it is the value of an environment variable that holds credentials
+(``HF_TOKEN``, ``AWS_SECRET_ACCESS_KEY``, ``WANDB_API_KEY``, ... and any variable named like a secret). Secret
+values found in a recipe are remembered for the process (``remember``), so that text quoting them later (an error
+message, a notice, a console line) is masked too (``mask_text``).
+
+The launchers use ``find_secrets`` to keep secrets out of what they write: each one becomes an environment
+variable of the job (``env_name_for``), and the recipe reads it back with ``${oc.env:NAME}``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+MASK = "********"
+# Key names that hold credentials: token, api_key, access_key, secret, password, auth, credential(s), ...
+_SECRET_KEY = re.compile(r"(token|api[_-]?key|access[_-]?key|secret|passw(or)?d|credential|auth|private[_-]?key)",
+                         re.IGNORECASE)
+# Key names that match the pattern but hold no secret.
+# Plural "tokens" counts or lists tokens; a key ending in "token" (hf_token, auth_token) holds one.
+_NOT_SECRET = re.compile(r"(^|_)(max|num|n|pad|bos|eos|unk|sep|cls|mask|special|add|vocab|start|end|stop)_?.*token|"
+                         r"tokens|token_?(type_)?ids?$|tokenizer|token_encoding_type|^author", re.IGNORECASE)
+# Values that look like credentials whatever their key (e.g. in a free-form kwargs mapping), and the same formats
+# inside longer text.
+_TOKEN_FORMATS = r"hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|AKIA[0-9A-Z]{16}|ghp_[A-Za-z0-9]{20,}|xox[bap]-[A-Za-z0-9-]{10,}"
+_SECRET_VALUE = re.compile(rf"^({_TOKEN_FORMATS})$")
+_TOKEN_IN_TEXT = re.compile(rf"(?<![A-Za-z0-9_-])({_TOKEN_FORMATS})(?![A-Za-z0-9_-])")
+
+# Credentials inside a URL: the user info of scheme://user:password@host (or scheme://token@host), and query
+# parameters named like credentials (?token=..., &X-Amz-Signature=..., &sig=...).
+_URL_USERINFO = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)((?:[^/@\s:]+:[^@\s]+|[^/@\s]+))@")  # a password may hold /
+_URL_QUERY = re.compile(r"([?&][^=&#\s]*(?:token|sig|signature|secret|passw|credential|key|auth)[^=&#\s]*=)([^&#\s]+)",
+                        re.IGNORECASE)
+
+# Environment variables the libraries we run read credentials from (besides any variable named like a secret).
+SECRET_ENV_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_TOKEN", "AWS_ACCESS_KEY_ID",
+                   "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "WANDB_API_KEY", "MLFLOW_TRACKING_TOKEN",
+                   "MLFLOW_TRACKING_PASSWORD", "DATABRICKS_TOKEN", "DATABRICKS_CLIENT_SECRET", "OPENAI_API_KEY",
+                   "AZURE_STORAGE_KEY", "AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_SAS_TOKEN",
+                   "OCI_CLI_KEY_CONTENT", "GOOGLE_APPLICATION_CREDENTIALS_JSON", "COMET_API_KEY", "NEPTUNE_API_TOKEN")
+# Shorter values are not searched for in text: masking every "1" or "true" would garble the output, and a value
+# that short is no credential.
+MIN_SECRET_LENGTH = 8
+
+_remembered: set[str] = set()
+
+
+def is_secret_key(key: str) -> bool:
+    return bool(_SECRET_KEY.search(key)) and not _NOT_SECRET.search(key)
+
+
+def is_secret_env_var(name: str) -> bool:
+    return name in SECRET_ENV_VARS or is_secret_key(name)
+
+
+def secret_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment variables of ``environ`` (default: this process's) that hold credentials."""
+    environ = os.environ if environ is None else environ
+    return {name: value for name, value in environ.items()
+            if is_secret_env_var(name) and len(value) >= MIN_SECRET_LENGTH}
+
+
+def remember(values) -> None:
+    """Mask these values wherever ``mask_text`` sees them from now on in this process."""
+    _remembered.update(v for v in values if isinstance(v, str) and len(v) >= MIN_SECRET_LENGTH)
+
+
+def known_secrets() -> list[str]:
+    """Every secret value this process knows of, longest first (so a value inside another is masked whole)."""
+    return sorted(_remembered | set(secret_env().values()), key=len, reverse=True)
+
+
+def mask_text(text: str) -> str:
+    """``text`` with every known secret value, token-formatted string and URL credential replaced by ``MASK``."""
+    for value in known_secrets():
+        if value in text:
+            text = text.replace(value, MASK)
+    return mask_url_credentials(_TOKEN_IN_TEXT.sub(MASK, text))
+
+
+def mask_url_credentials(text: str) -> str:
+    """``text`` with the credentials of every URL in it masked: ``https://user:tok@host/x?sig=abc`` ->
+    ``https://********@host/x?sig=********``."""
+    return _URL_QUERY.sub(rf"\1{MASK}", _URL_USERINFO.sub(rf"\1{MASK}@", text))
+
+
+def _secret_by_key_or_format(value: Any, key: str) -> bool:
+    if isinstance(value, str):
+        return bool(value) and bool(_SECRET_VALUE.match(value) or (key and is_secret_key(key)))
+    return bool(key) and is_secret_key(key) and isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def mask_secrets(obj: Any, key: str = "") -> Any:
+    """A copy of ``obj`` (plain containers) with secret values replaced by ``MASK``."""
+    if isinstance(obj, dict):
+        return {k: mask_secrets(v, str(k)) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [mask_secrets(v, key) for v in obj]
+    if _secret_by_key_or_format(obj, key):
+        return MASK
+    if isinstance(obj, str):
+        return mask_text(obj)
+    return obj
+
+
+def mask_argv(argv: list[str]) -> list[str]:
+    """A command line with its secrets masked: ``key=value`` overrides whose key looks secret, then the text rules."""
+    masked = []
+    for arg in argv:
+        key, sep, value = arg.lstrip("+~").partition("=")
+        if sep and value and is_secret_key(key.rsplit(".", 1)[-1]):
+            arg = arg[:len(arg) - len(value)] + MASK
+        masked.append(mask_text(arg))
+    return masked
+
+
+def _walk(obj: Any, path: str = "", key: str = "") -> Iterator[tuple[str, str, Any]]:
+    """(dotted path, key, value) of every leaf of plain containers."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _walk(v, f"{path}.{k}" if path else str(k), str(k))
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield from _walk(v, f"{path}.{i}" if path else str(i), key)
+    else:
+        yield path, key, obj
+
+
+def find_secrets(obj: Any, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """{secret value: dotted path where it was first found} for a plain recipe: values of secret-looking keys, token
+    formats, URL credentials (the credential alone) and values of the credential environment variables."""
+    env_values = set(secret_env(environ).values())
+    found: dict[str, str] = {}
+    for path, key, value in _walk(obj):
+        if _secret_by_key_or_format(value, key):
+            found.setdefault(str(value), path)
+            continue
+        if not isinstance(value, str):
+            continue
+        for match in _URL_USERINFO.finditer(value):
+            userinfo = match.group(2)
+            found.setdefault(userinfo.split(":", 1)[1] if ":" in userinfo else userinfo, path)
+        for match in _URL_QUERY.finditer(value):
+            found.setdefault(match.group(2), path)
+        for match in _TOKEN_IN_TEXT.finditer(value):
+            found.setdefault(match.group(1), path)
+        for env_value in env_values:
+            if env_value in value:
+                found.setdefault(env_value, path)
+    return found
+
+
+def env_name_for(value: str, path: str, environ: Mapping[str, str] | None = None) -> str:
+    """The environment variable a job reads the secret ``value`` (found at ``path``) from: the library's own variable
+    named like its key (``variables.hf_token`` -> ``HF_TOKEN``), the credential variable that holds it here, or
+    ``LLMFOUNDRY_SECRET_<PATH>``."""
+    named = library_variable(path)
+    if named:
+        return named
+    for name, env_value in secret_env(environ).items():
+        if env_value == value:
+            return name
+    return "LLMFOUNDRY_SECRET_" + re.sub(r"[^A-Za-z0-9]+", "_", path).strip("_").upper()
+
+
+def library_variable(path: str) -> str | None:
+    """``HF_TOKEN`` for a key such as ``variables.hf_token``: a credential variable a library reads, named like the
+    key, or None."""
+    key = re.sub(r"[^A-Za-z0-9]+", "_", path.rsplit(".", 1)[-1]).upper()
+    return key if key in SECRET_ENV_VARS else None
+
+
+class MaskedStream:
+    """A text stream (sys.stdout, sys.stderr) whose writes are masked with ``mask_text``.
+
+    Whatever later replaces its ``write`` (wandb patches ``write`` to capture the console into its run file) is
+    handed masked text too: assigning ``write`` wraps the new function in the same masking."""
+
+    def __init__(self, stream):
+        object.__setattr__(self, "_stream", stream)
+        object.__setattr__(self, "write", _masking(stream.write))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, _masking(value) if name == "write" else value)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+
+def _masking(write):
+    def masked_write(text):
+        if isinstance(text, str):
+            write(mask_text(text))
+            return len(text)
+        return write(text)
+    return masked_write
+
+
+def protect_process(argv: list[str]) -> None:
+    """Keep this process's secrets out of what it writes: the secret values of ``argv`` (the command's arguments)
+    are remembered, ``sys.argv`` (which wandb, MLflow and Ray record) is masked, and so are stdout and stderr."""
+    remember(value for arg in argv for value in find_secrets(_override_as_mapping(arg)))
+    sys.argv[:] = mask_argv(sys.argv)
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, MaskedStream):
+            setattr(sys, name, MaskedStream(stream))
+
+
+def _override_as_mapping(arg: str) -> dict[str, str]:
+    """``{key: value}`` of a ``key=value`` override (``{"": arg}`` for any other argument)."""
+    key, sep, value = arg.lstrip("+~").partition("=")
+    return {key.rsplit(".", 1)[-1]: value} if sep else {"": arg}
