@@ -24,14 +24,14 @@ from llmfoundry.data.finetuning import FinetuningDataset, FinetuningLoaderSettin
 from llmfoundry.data.finetuning_collator import FinetuningCollator
 from llmfoundry.data.packing import BinPacker, auto_packing_ratio, examples_per_batch, profiled_example_count
 from llmfoundry.data.streaming_guard import import_streaming
-from llmfoundry.data.text import dataloader_kwargs, make_streaming_dataset
+from llmfoundry.data.text import EndsAbandonedEpochs, dataloader_kwargs, make_streaming_dataset
 from llmfoundry.registry import dataloaders
 
 log = logging.getLogger(__name__)
 streaming = import_streaming()  # through the guard: streaming must import without a working torchvision
 
 
-class StreamingFinetuningDataset(streaming.StreamingDataset):
+class StreamingFinetuningDataset(EndsAbandonedEpochs, streaming.StreamingDataset):
     """MDS samples of ``input_ids`` and ``labels`` (what convert_finetuning_dataset.py writes), as int lists."""
 
     def __getitem__(self, index: int) -> dict[str, list[int]]:

@@ -337,7 +337,29 @@ def make_streaming_dataset(cls, settings: StreamingOptions, batch_size: int, key
 
 
 # ----------------------------------------------------------------------------------------------- dataset and batches
-class StreamingTextDataset(streaming.StreamingDataset):
+class EndsAbandonedEpochs:
+    """A StreamingDataset mixin: an iteration abandoned before the epoch's end (one batch taken, an eval round cut
+    by ``eval_subset_num_batches``, a loader dropped) stops its epoch's prepare/ready threads.
+
+    streaming stops them only after the last sample, or when the dataset is iterated again; until then they poll
+    every few milliseconds, and a process that abandons many iterations (every eval round, a test suite) slows
+    down with each. Only this iteration's own epoch is stopped: a newer one of the same dataset goes on."""
+
+    def __iter__(self):
+        samples = super().__iter__()
+        epoch = None
+        try:
+            for sample in samples:
+                if epoch is None:  # streaming makes the epoch's iterator before its first sample
+                    epoch = getattr(self, "_iterator", None)
+                yield sample
+        finally:
+            samples.close()
+            if epoch is not None:
+                epoch.non_blocking_exit()  # its threads end at their next tick; nothing here waits on a download
+
+
+class StreamingTextDataset(EndsAbandonedEpochs, streaming.StreamingDataset):
     """Turns an MDS sample into a 1-D long tensor of at most ``max_seq_len`` token ids."""
 
     def __init__(self, *, tokenizer, max_seq_len: int, token_encoding_type: str, **options):
