@@ -126,3 +126,16 @@ def s3_server(moto_s3, monkeypatch):
 
     boto3.client("s3", endpoint_url=moto_s3.url).create_bucket(Bucket=S3_TEST_BUCKET)
     yield moto_s3.url
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Threads still alive in the pytest process: background threads that outlive their test (streaming's epoch
+    threads before data/text.py's EndsAbandonedEpochs) slow down every test after them."""
+    import threading
+
+    names: dict[str, int] = {}
+    for thread in threading.enumerate():
+        kind = thread.name.rstrip("0123456789_-")
+        names[kind] = names.get(kind, 0) + 1
+    shown = ", ".join(f"{name} x{count}" for name, count in sorted(names.items(), key=lambda item: -item[1])[:6])
+    terminalreporter.write_line(f"threads alive at the end: {threading.active_count()} ({shown})")
