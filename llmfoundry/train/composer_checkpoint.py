@@ -43,7 +43,9 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.torch_version import TorchVersion
 
 from llmfoundry.core.errors import ConfigError, first_line, refusal_reason
+from llmfoundry.core.notices import notice_once
 from llmfoundry.models.layers.moe import expert_weight_from_llm_foundry
+from llmfoundry.train.composer_moments import MomentScale, fsdp_version_from_order, moment_scale
 from llmfoundry.train.dcp_reading import (
     SafeFileSystemReader,
     SafeLoadPlanner,
@@ -77,6 +79,8 @@ class ComposerCheckpoint:
     hf_config: dict[str, Any] | None = None
     tokenizer_files: dict[str, Any] = field(default_factory=dict)
     world_size: int = 1
+    metadata: dict[str, Any] = field(default_factory=dict)  # Composer's state.metadata (device, torch_version, ...)
+    sharded: bool = False
 
 
 def find_composer_checkpoint(path: str | Path) -> Path | None:
@@ -125,7 +129,9 @@ def read_composer_checkpoint(path: str | Path, key: str = "load_path") -> Compos
     checkpoint.hf_config = ((huggingface.get("model") or {}).get("config") or {}).get("content")
     checkpoint.tokenizer_files = {name: entry.get("content") for name, entry in
                                   (huggingface.get("tokenizer") or {}).items() if isinstance(entry, dict)}
-    checkpoint.world_size = int((state.get("metadata") or {}).get("world_size") or len(checkpoint.rng) or 1)
+    checkpoint.metadata = dict(state.get("metadata") or {})
+    checkpoint.world_size = int(checkpoint.metadata.get("world_size") or len(checkpoint.rng) or 1)
+    checkpoint.sharded = path.is_dir()
     return checkpoint
 
 
@@ -315,6 +321,10 @@ def _load_optimizer(checkpoint: ComposerCheckpoint, model, optimizer, optimizer_
     if optimizer_name != expected:
         raise ConfigError(f"{where} was trained with optimizer {expected}, this run uses {optimizer_name}; use the "
                           "same optimizer.name, or set load_weights_only: true")
+    scale = moments_of(checkpoint)
+    if scale.factor != 1 or scale.assumed:
+        change = f"divided by {scale.factor:g}" if scale.factor != 1 else "kept"
+        notice_once(f"load_path: optimizer moments {change}: {scale.reason}")
     ours = get_optimizer_state_dict(model, optimizer)
     if len(ours["param_groups"]) != len(checkpoint.param_groups):
         raise ConfigError(f"{where} has {len(checkpoint.param_groups)} optimizer param groups, this run "
@@ -326,13 +336,21 @@ def _load_optimizer(checkpoint: ComposerCheckpoint, model, optimizer, optimizer_
             if saved is None:
                 continue
             state[name] = {k: (v.to(torch.float32) if k == "step" else _like(
-                _ours(name[len(prefix):], v, model, params[name], f"{where} optimizer state ({k}) of"), params[name],
+                _ours(name[len(prefix):], scale.rescale(k, v), model, params[name],
+                      f"{where} optimizer state ({k}) of"), params[name],
                 f"{where} optimizer state '{name}.{k}'")) if isinstance(v, torch.Tensor) else v
                 for k, v in saved.items()}
     set_optimizer_state_dict(model, optimizer, {"state": state, "param_groups": ours["param_groups"]},
                              options=StateDictOptions(strict=False))
     for group, saved in zip(optimizer.param_groups, checkpoint.param_groups):
         group["lr"] = float(saved["lr"])  # the learning rate of the next step, as Composer's scheduler left it
+
+
+def moments_of(checkpoint: ComposerCheckpoint) -> MomentScale:
+    """How the checkpoint's optimizer moments relate to our gradients (train/composer_moments.py has the rule)."""
+    version = (fsdp_version_from_order(list(checkpoint.model), list(checkpoint.optimizer_state))
+               if checkpoint.sharded else None)
+    return moment_scale(checkpoint.metadata, version)
 
 
 # ----- as a Hugging Face folder (what llm-foundry's convert_composer_to_hf.py writes) -----

@@ -16,13 +16,16 @@ import torch
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
 from llmfoundry.core.errors import ConfigError
-from llmfoundry.train.composer_checkpoint import find_composer_checkpoint, read_composer_checkpoint
+from llmfoundry.train.composer_checkpoint import find_composer_checkpoint, moments_of, read_composer_checkpoint
 from tests.helpers import build_composer_fixture_data, make_trainer, write_tiny_gpt2
 from tests.train.test_lf_parity import Recorder
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "composer"
 CHECKPOINTS = {"mpt_monolithic": "mpt_monolithic/ep0-ba2-rank0.pt", "mpt_sharded": "mpt_sharded/ep0-ba2",
-               "gpt2_monolithic": "gpt2_monolithic/ep0-ba2-rank0.pt"}
+               "gpt2_monolithic": "gpt2_monolithic/ep0-ba2-rank0.pt",
+               # issue 27's Adam twins: one process, FSDP2 on 2 and 4 ranks (gloo summed their gradients), FSDP1
+               "adam_monolithic": "adam_monolithic/ep0-ba2-rank0.pt", "adam_fsdp2_2rank": "adam_fsdp2_2rank/ep0-ba2",
+               "adam_fsdp2_4rank": "adam_fsdp2_4rank/ep0-ba2", "adam_fsdp1_2rank": "adam_fsdp1_2rank/ep0-ba2"}
 
 
 @pytest.fixture(scope="module")
@@ -61,10 +64,35 @@ def test_resumed_run_continues_as_llm_foundry_did(name, fixture_data, tmp_path):
     trainer = make_trainer(resumed_recipe(name, fixture_data, tmp_path))
     trainer.callbacks.append(recorder)
     trainer.fit()
-    assert len(recorder.batches) == 2, "batches 3 and 4 are trained, no more"
-    for i, (ours, theirs) in enumerate(zip(recorder.batches, reference["batches"][2:]), start=3):
+    # llm-foundry's own resume from the same checkpoint where the fixture has it, else its uninterrupted run
+    expected = reference.get("resumed_by_llm_foundry") or reference["batches"][2:]
+    assert len(recorder.batches) == len(expected), f"batches 3 to {2 + len(expected)} are trained, no more"
+    for i, (ours, theirs) in enumerate(zip(recorder.batches, expected), start=3):
         assert ours["lr"] == pytest.approx(theirs["lr"], rel=1e-12, abs=1e-15), f"lr of batch {i}"
         assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-5), f"loss of batch {i}"
+
+
+@pytest.mark.parametrize("name, factor", [("adam_fsdp2_2rank", 2), ("adam_fsdp2_4rank", 4), ("adam_fsdp1_2rank", 1)])
+def test_restored_moments_equal_the_one_process_twins(name, factor, fixture_data, tmp_path):
+    """llm-foundry trained the same batches on 1, 2 and 4 ranks: restored here, every Adam moment equals the
+    one-process checkpoint's, whatever scale the sharded one carried (FSDP2 on gloo: world_size x, and its square)."""
+    twin = read_composer_checkpoint(FIXTURES / CHECKPOINTS["adam_monolithic"])
+    saved = read_composer_checkpoint(FIXTURES / CHECKPOINTS[name])
+    assert float(saved.optimizer_state["transformer.wte.weight"]["exp_avg"].norm() /
+                 twin.optimizer_state["transformer.wte.weight"]["exp_avg"].norm()) == pytest.approx(factor, rel=1e-5)
+    trainer = make_trainer(resumed_recipe(name, fixture_data, tmp_path))
+    trainer._resume()
+    restored = {name: trainer.optimizer.state[param] for name, param in trainer.model.named_parameters()}
+    assert set(restored) == set(twin.optimizer_state)
+    for key, moments in twin.optimizer_state.items():
+        for moment in ("exp_avg", "exp_avg_sq"):  # per tensor: the layouts summed the same gradients in other orders
+            difference = float((restored[key][moment] - moments[moment]).norm() / moments[moment].norm())
+            assert difference <= 1e-6, f"{key}.{moment}: relative difference {difference:.2e}"
+    scale = moments_of(saved)  # what the notice says: derived from the checkpoint's record alone
+    assert (scale.factor, scale.assumed) == (factor, False)
+    assert scale.reason == (f"written by FSDP2 (optimizer state in parameter order) on CPU by torch 2.7.0+cu126, "
+                            f"whose gloo summed the {factor} ranks' gradients" if factor > 1 else
+                            "written by FSDP1 (optimizer state in sorted order), which averages the ranks' gradients")
 
 
 def test_weights_only_load_starts_time_and_optimizer_afresh(fixture_data, tmp_path):
@@ -244,3 +272,29 @@ def test_a_recipe_tokenizer_can_name_an_llm_foundry_mpt_folder(tmp_path):
 
     folder = write_hf_folder(read_composer_checkpoint(FIXTURES / CHECKPOINTS["mpt_sharded"]), tmp_path / "hf")
     assert build_tokenizer(str(folder), {})("The cat").input_ids == [64, 20]
+
+
+@pytest.mark.parametrize("metadata, version, factor, assumed", [
+    ({"world_size": 1, "device": "cpu", "torch_version": "2.7.0"}, None, 1, False),  # one process
+    ({"world_size": 8, "device": "gpu", "torch_version": "2.7.0"}, 2, 1, False),  # NCCL averages
+    ({"world_size": 4, "device": "cpu", "torch_version": "2.7.0"}, 2, 4, False),  # gloo summed
+    ({"world_size": 4, "device": "cpu", "torch_version": "2.7.0"}, 1, 1, False),  # FSDP1 divides
+    ({"world_size": 2, "device": "cpu", "torch_version": "2.13.0"}, 2, 1, False),  # this gloo averages
+    ({"world_size": 2, "device": "cpu", "torch_version": "2.10.0"}, 2, 2, True),  # not measured: said
+    ({"world_size": 2, "device": "cpu", "torch_version": "2.7.0"}, None, 1, True),  # FSDP version unknown: said
+])
+def test_the_moment_scale_rule(metadata, version, factor, assumed):
+    from llmfoundry.train.composer_moments import moment_scale
+
+    scale = moment_scale(metadata, version)
+    assert (scale.factor, scale.assumed) == (factor, assumed), scale.reason
+
+
+def test_the_fsdp_version_shows_in_the_optimizer_state_order():
+    from llmfoundry.train.composer_moments import fsdp_version_from_order
+
+    model = ["wte.weight", "blocks.0.w", "blocks.1.w", "norm_f.weight"]
+    assert fsdp_version_from_order(model, list(model)) == 2
+    assert fsdp_version_from_order(model, sorted(model)) == 1
+    assert fsdp_version_from_order(sorted(model), sorted(model)) is None  # both orders agree: no evidence
+    assert fsdp_version_from_order(model, ["norm_f.weight", "wte.weight", "blocks.1.w", "blocks.0.w"]) is None
