@@ -23,8 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from llmfoundry.train.composer_checkpoint import read_composer_checkpoint  # noqa: E402
-from llmfoundry.train.composer_moments import moment_scale  # noqa: E402
+from llmfoundry.train.composer_checkpoint import moments_of, read_composer_checkpoint  # noqa: E402
 from tests.fixtures.composer import make_fixtures as fixtures  # noqa: E402
 
 _SHARDED = {"sharding_strategy": "FULL_SHARD", "state_dict_type": "sharded", "mixed_precision": "FULL"}
@@ -63,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="moment_scale_"))
     data, tokenizer, hf_model = fixtures.build_data(work)
-    base = fixtures._recipe(**copy.deepcopy(fixtures._ADAM), max_duration="2ba")
+    base = {**copy.deepcopy(fixtures.FIXTURES["adam_monolithic"][0]), "max_duration": "2ba"}
     rows, reference = [], None
     for index, (name, (changes, processes, env)) in enumerate(LAYOUTS.items()):
         save_folder = work / f"layout{index}"
@@ -73,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint = read_composer_checkpoint(path if path.is_file() else save_folder / "ep0-ba2")
         reference = reference or checkpoint
         first, second = ratios(checkpoint, reference)
-        scale = moment_scale(checkpoint)
+        scale = moments_of(checkpoint)
         rows.append(f"| {name} | {processes} | {first:.4f} | {second:.4f} | {scale.factor:g} | {scale.reason} |")
         print(rows[-1], f"(losses {[round(b['loss'], 5) for b in record['batches']]})", flush=True)
     table = "\n".join(["| layout | ranks | exp_avg / one process | exp_avg_sq / one process | factor derived from "

@@ -10,6 +10,7 @@ NAME=secret/key``, or one written to ``<manifest>.secrets.yaml`` (readable by yo
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 from pathlib import Path
@@ -21,9 +22,10 @@ from llmfoundry.core.errors import ConfigError
 from llmfoundry.core.notices import notice_once
 from llmfoundry.launch.k8s import KINDS, KubeJob
 from llmfoundry.launch.recipe import dns_label, recipe_text, resolved_recipe, secrets_to_env
-
-_SECRET_ENV = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=([a-z0-9]([-a-z0-9.]*[a-z0-9])?)/([-._a-zA-Z0-9]+)$")
 from llmfoundry.train.compat import device_batch_size
+
+# --secret-env NAME=SECRET/KEY: an environment variable name, a Kubernetes object name, a Secret's key
+_SECRET_ENV = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=([a-z0-9]([-a-z0-9.]*[a-z0-9])?)/([-._a-zA-Z0-9]+)$")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -58,10 +60,11 @@ def main(argv: list[str]) -> int:
     recipe, secrets, where = secrets_to_env(resolved_recipe(plain))
     name = dns_label(recipe["run_name"])
     to_write = {var: value for var, value in secrets.items() if var not in named}
-    refs = {var: (f"{name}-secrets", var) for var in to_write} | named
     job = KubeJob(name=name, image=args.image, nodes=args.nodes, gpus_per_node=args.gpus_per_node, kind=args.kind,
                   namespace=args.namespace, runtime=args.runtime, max_restarts=args.max_restarts, cpu=args.cpu,
-                  secret_env=tuple((var, secret, key) for var, (secret, key) in refs.items()))
+                  secret_env=())
+    refs = {var: (job.secret, var) for var in to_write} | named
+    job = dataclasses.replace(job, secret_env=tuple((var, secret, key) for var, (secret, key) in refs.items()))
     out = Path(args.output or f"{job.name}.k8s.yaml")
     for var in secrets:
         secret, key = refs[var]
@@ -70,8 +73,11 @@ def main(argv: list[str]) -> int:
     out.write_text(yaml.safe_dump_all(job.manifests(recipe_text(recipe)), sort_keys=False))
     print(f"wrote {out}: ConfigMap {job.config_map} and {'TrainJob' if args.kind == 'trainjob' else 'PyTorchJob'} "
           f"{job.name} (kubectl apply -f {out})")
+    secret_file = out.with_name(out.name.removesuffix(".yaml") + ".secrets.yaml")
+    if not to_write and secret_file.exists():  # an earlier run's: this job references no Secret of ours
+        secret_file.unlink()
+        print(f"removed {secret_file}: this job's secrets come from --secret-env")
     if to_write:
-        secret_file = out.with_name(out.name.removesuffix(".yaml") + ".secrets.yaml")
         write_private(secret_file, yaml.safe_dump(job.secret_manifest(to_write), sort_keys=False))
         print(f"wrote {secret_file}: Secret {job.secret} with {', '.join(to_write)}. It holds credentials: readable "
               f"by you alone, kubectl apply -f it first, never commit it (or create the Secret yourself and pass "

@@ -65,8 +65,12 @@ def main(argv: list[str]) -> int:
     print(f"wrote {script} and {job.recipe_path}")
     given = {name: value for name, value in secrets.items() if os.environ.get(name) != value}
     for name in secrets:
-        how = (("set it in the environment you submit from" if args.dry_run else "sbatch exports it from here")
-               if name in given else "sbatch exports it from this environment")
+        if name not in given or not args.dry_run:
+            how = "sbatch exports it from this environment"
+        elif name in os.environ:  # a later sbatch would hand the job this environment's other value
+            how = f"this environment's ${name} holds another value: export the one given before you submit"
+        else:
+            how = "export it in the environment you submit from"
         notice_once(f"{where[name]}: a secret, not written to the recipe; the job reads it from ${name} ({how})")
     if args.dry_run:
         return 0

@@ -17,27 +17,35 @@ import os
 import re
 import sys
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
+
+import yaml
 
 MASK = "********"
 # Key names that hold credentials: token, api_key, access_key, secret, password, auth, credential(s), ...
-_SECRET_KEY = re.compile(r"(token|api[_-]?key|access[_-]?key|secret|passw(or)?d|credential|auth|private[_-]?key)",
-                         re.IGNORECASE)
-# Key names that match the pattern but hold no secret.
-# Plural "tokens" counts or lists tokens; a key ending in "token" (hf_token, auth_token) holds one.
-_NOT_SECRET = re.compile(r"(^|_)(max|num|n|pad|bos|eos|unk|sep|cls|mask|special|add|vocab|start|end|stop)_?.*token|"
-                         r"tokens|token_?(type_)?ids?$|tokenizer|token_encoding_type|^author", re.IGNORECASE)
+_SECRET_KEY = re.compile(r"(token|api[_-]?key|access[_-]?key|account[_-]?key|private[_-]?key|secret|passw(or)?d|"
+                         r"credential|auth|connection[_-]?string)", re.IGNORECASE)
+# Key names that match the pattern but hold no secret: special tokens and their ids (pad_token, eos_token_id,
+# decoder_start_token_id), plural "tokens" (counts and lists), the tokenizer, authors. The prefix words are whole
+# segments, so neptune_api_token or endpoint_token stay secret.
+_NOT_SECRET = re.compile(r"(^|_)(max|num|n|pad|bos|eos|unk|sep|cls|mask|special|add|vocab|start|end|stop)"
+                         r"(_[a-z]+)*_tokens?(_ids?)?$|tokens|(^|_)token_?(type_)?ids?$|tokenizer|"
+                         r"token_encoding_type|^author", re.IGNORECASE)
 # Values that look like credentials whatever their key (e.g. in a free-form kwargs mapping), and the same formats
 # inside longer text.
 _TOKEN_FORMATS = r"hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|AKIA[0-9A-Z]{16}|ghp_[A-Za-z0-9]{20,}|xox[bap]-[A-Za-z0-9-]{10,}"
 _SECRET_VALUE = re.compile(rf"^({_TOKEN_FORMATS})$")
 _TOKEN_IN_TEXT = re.compile(rf"(?<![A-Za-z0-9_-])({_TOKEN_FORMATS})(?![A-Za-z0-9_-])")
 
-# Credentials inside a URL: the user info of scheme://user:password@host (or scheme://token@host), and query
-# parameters named like credentials (?token=..., &X-Amz-Signature=..., &sig=...).
-_URL_USERINFO = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)((?:[^/@\s:]+:[^@\s]+|[^/@\s]+))@")  # a password may hold /
-_URL_QUERY = re.compile(r"([?&][^=&#\s]*(?:token|sig|signature|secret|passw|credential|key|auth)[^=&#\s]*=)([^&#\s]+)",
-                        re.IGNORECASE)
+# Credentials inside a URL: the user info of scheme://user:password@host (a bare scheme://name@host, as OCI's
+# bucket@namespace or ssh's git@host, is no credential), and query parameters whose whole name ends in a credential
+# word (?token=, &sig=, &X-Amz-Signature=, &api_key=; not ?author= or ?design=).
+# A password may hold "/" (S3 secret keys do); host:port/path...@ is not user:password@.
+_URL_USERINFO = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)([^/@\s:]+:(?!\d+(?:/|$))[^@\s]+)@")
+_URL_PASSWORD = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/@\s:]+:(?!\d+(?:/|$))([^@\s]+)@")
+_URL_QUERY = re.compile(r"([?&](?:[^=&#\s]*[_-])?(?:token|sig|signature|secret|passw(?:or)?d|credential|key|apikey|"
+                        r"auth|sas)=)([^&#\s]+)", re.IGNORECASE)
 
 # Environment variables the libraries we run read credentials from (besides any variable named like a secret).
 SECRET_ENV_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_TOKEN", "AWS_ACCESS_KEY_ID",
@@ -97,13 +105,14 @@ def _secret_by_key_or_format(value: Any, key: str) -> bool:
     return bool(key) and is_secret_key(key) and isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def mask_secrets(obj: Any, key: str = "") -> Any:
-    """A copy of ``obj`` (plain containers) with secret values replaced by ``MASK``."""
+def mask_secrets(obj: Any, key: str = "", under_secret: bool = False) -> Any:
+    """A copy of ``obj`` (plain containers) with secret values replaced by ``MASK`` (every value of a mapping under
+    a secret-looking key too: ``credentials: {account_key: ...}``)."""
     if isinstance(obj, dict):
-        return {k: mask_secrets(v, str(k)) for k, v in obj.items()}
+        return {k: mask_secrets(v, str(k), under_secret or is_secret_key(str(k))) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [mask_secrets(v, key) for v in obj]
-    if _secret_by_key_or_format(obj, key):
+        return [mask_secrets(v, key, under_secret) for v in obj]
+    if under_secret and obj not in (None, "") and not isinstance(obj, bool) or _secret_by_key_or_format(obj, key):
         return MASK
     if isinstance(obj, str):
         return mask_text(obj)
@@ -121,39 +130,51 @@ def mask_argv(argv: list[str]) -> list[str]:
     return masked
 
 
-def _walk(obj: Any, path: str = "", key: str = "") -> Iterator[tuple[str, str, Any]]:
-    """(dotted path, key, value) of every leaf of plain containers."""
+def _walk(obj: Any, path: str = "", key: str = "", secret_parent: bool = False
+          ) -> Iterator[tuple[str, str, Any, bool]]:
+    """(dotted path, key, value, under a secret-named key) of every leaf of plain containers."""
     if isinstance(obj, dict):
         for k, v in obj.items():
-            yield from _walk(v, f"{path}.{k}" if path else str(k), str(k))
+            yield from _walk(v, f"{path}.{k}" if path else str(k), str(k), secret_parent or is_secret_key(str(k)))
     elif isinstance(obj, (list, tuple)):
         for i, v in enumerate(obj):
-            yield from _walk(v, f"{path}.{i}" if path else str(i), key)
+            yield from _walk(v, f"{path}.{i}" if path else str(i), key, secret_parent)
     else:
-        yield path, key, obj
+        yield path, key, obj, secret_parent
 
 
-def find_secrets(obj: Any, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """{secret value: dotted path where it was first found} for a plain recipe: values of secret-looking keys, token
-    formats, URL credentials (the credential alone) and values of the credential environment variables."""
+@dataclass(frozen=True)
+class Finding:
+    path: str  # the recipe key (dotted) of the value that holds the secret
+    secret: str
+    whole: bool  # the whole value is the secret (its key, a token format); else a part of it (a URL's password)
+
+
+def secret_findings(obj: Any, environ: Mapping[str, str] | None = None) -> list[Finding]:
+    """Every secret in a plain recipe: values under secret-looking keys (a mapping under such a key included),
+    token formats, URL credentials (the credential alone) and values of the credential environment variables."""
     env_values = set(secret_env(environ).values())
-    found: dict[str, str] = {}
-    for path, key, value in _walk(obj):
-        if _secret_by_key_or_format(value, key):
-            found.setdefault(str(value), path)
+    found: list[Finding] = []
+    for path, key, value, secret_parent in _walk(obj):
+        if secret_parent and value not in (None, "") and not isinstance(value, bool) or \
+                _secret_by_key_or_format(value, key):
+            found.append(Finding(path, str(value), True))
             continue
         if not isinstance(value, str):
             continue
-        for match in _URL_USERINFO.finditer(value):
-            userinfo = match.group(2)
-            found.setdefault(userinfo.split(":", 1)[1] if ":" in userinfo else userinfo, path)
-        for match in _URL_QUERY.finditer(value):
-            found.setdefault(match.group(2), path)
-        for match in _TOKEN_IN_TEXT.finditer(value):
-            found.setdefault(match.group(1), path)
-        for env_value in env_values:
-            if env_value in value:
-                found.setdefault(env_value, path)
+        parts = [m.group(1) for m in _URL_PASSWORD.finditer(value)]
+        parts += [m.group(2) for m in _URL_QUERY.finditer(value)]
+        parts += [m.group(1) for m in _TOKEN_IN_TEXT.finditer(value)]
+        parts += [env_value for env_value in env_values if env_value in value]
+        found += [Finding(path, part, part == value) for part in dict.fromkeys(parts)]
+    return found
+
+
+def find_secrets(obj: Any, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """{secret value: dotted path where it was first found} of ``secret_findings``."""
+    found: dict[str, str] = {}
+    for finding in secret_findings(obj, environ):
+        found.setdefault(finding.secret, finding.path)
     return found
 
 
@@ -165,7 +186,7 @@ def env_name_for(value: str, path: str, environ: Mapping[str, str] | None = None
     if named:
         return named
     for name, env_value in secret_env(environ).items():
-        if env_value == value:
+        if env_value == value and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):  # a name a shell can expand
             return name
     return "LLMFOUNDRY_SECRET_" + re.sub(r"[^A-Za-z0-9]+", "_", path).strip("_").upper()
 
@@ -191,6 +212,8 @@ class MaskedStream:
         object.__setattr__(self, name, _masking(value) if name == "write" else value)
 
     def __getattr__(self, name: str) -> Any:
+        if name == "_stream":  # looked up before __init__ ran (copy.copy): not there yet
+            raise AttributeError(name)
         return getattr(self._stream, name)
 
     def writelines(self, lines) -> None:
@@ -199,11 +222,15 @@ class MaskedStream:
 
 
 def _masking(write):
+    if getattr(write, "masks_secrets", False):  # already ours (wandb putting back the write it replaced)
+        return write
+
     def masked_write(text):
         if isinstance(text, str):
             write(mask_text(text))
             return len(text)
         return write(text)
+    masked_write.masks_secrets = True
     return masked_write
 
 
@@ -218,7 +245,15 @@ def protect_process(argv: list[str]) -> None:
             setattr(sys, name, MaskedStream(stream))
 
 
-def _override_as_mapping(arg: str) -> dict[str, str]:
-    """``{key: value}`` of a ``key=value`` override (``{"": arg}`` for any other argument)."""
+def _override_as_mapping(arg: str) -> dict[str, Any]:
+    """``{key: value}`` of a ``key=value`` override, a flow value (``variables={api_key: x}``) read as YAML;
+    ``{"": arg}`` for any other argument."""
     key, sep, value = arg.lstrip("+~").partition("=")
-    return {key.rsplit(".", 1)[-1]: value} if sep else {"": arg}
+    if not sep:
+        return {"": arg}
+    if value.lstrip()[:1] in ("{", "["):
+        try:
+            return {key.rsplit(".", 1)[-1]: yaml.safe_load(value)}
+        except yaml.YAMLError:
+            pass  # the recipe loader reports it; its text is still searched as it is
+    return {key.rsplit(".", 1)[-1]: value}

@@ -11,7 +11,14 @@ import yaml
 
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.core.notices import notice_once
-from llmfoundry.core.secrets import env_name_for, find_secrets, library_variable
+from llmfoundry.core.secrets import (
+    MIN_SECRET_LENGTH,
+    env_name_for,
+    library_variable,
+    mask_text,
+    remember,
+    secret_findings,
+)
 from llmfoundry.train.run_name import generate_run_name, given_run_name
 
 
@@ -48,32 +55,60 @@ def secrets_to_env(recipe: dict) -> tuple[dict, dict[str, str], dict[str, str]]:
     environment; returns (that recipe, {NAME: secret value}, {NAME: the recipe key where it was found}).
 
     A secret is what the log masking treats as one (core/secrets.py), including the value of a credential
-    variable of this environment that an ``${oc.env:...}`` interpolation copied into the recipe."""
-    env: dict[str, str] = {}
-    where: dict[str, str] = {}
-    names: dict[str, str] = {}  # secret value -> NAME
-    found = find_secrets(recipe).items()
-    # a key named like a library's variable (hf_token -> HF_TOKEN) gets that name before a value merely copied from it
-    for value, path in sorted(found, key=lambda item: library_variable(item[1]) is None):
-        name = env_name_for(value, path)
-        if env.get(name, value) != value:  # another secret already has that name (e.g. a URL's user and token)
-            name = f"{name}_{len(env)}"
-        env[name], where[name], names[value] = value, path, name
-    ordered = sorted(names, key=len, reverse=True)  # a secret inside another is replaced whole
+    variable of this environment that an ``${oc.env:...}`` interpolation copied into the recipe. A value that is a
+    secret as a whole (by its key or format) is replaced where it was found; a part of a value (a URL's password)
+    inside that value; and any secret of 8 characters or more wherever else a string holds it (an interpolation
+    may have copied it), in one pass, so that nothing inserted is searched again."""
+    findings = secret_findings(recipe)
+    remember(finding.secret for finding in findings)  # an error below that quotes one shows it masked
+    names: dict[str, str] = {}  # secret -> NAME; a key named like a library's variable (hf_token) names it first
+    for finding in sorted(findings, key=lambda f: library_variable(f.path) is None):
+        if finding.secret not in names:
+            name = env_name_for(finding.secret, finding.path)
+            if name in names.values():  # another secret has that name already (e.g. a URL's password and token)
+                name = f"{name}_{len(names)}"
+            names[finding.secret] = name
+    whole = {f.path for f in findings if f.whole}
+    parts: dict[str, set[str]] = {}
+    for finding in findings:
+        parts.setdefault(finding.path, set()).add(finding.secret)
+    anywhere = {secret for secret in names if len(secret) >= MIN_SECRET_LENGTH}
 
-    def replace(obj: Any) -> Any:
+    def replace(obj: Any, path: str = "") -> Any:
         if isinstance(obj, dict):
-            return {k: replace(v) for k, v in obj.items()}
+            return {k: replace(v, f"{path}.{k}" if path else str(k)) for k, v in obj.items()}
         if isinstance(obj, list):
-            return [replace(v) for v in obj]
-        if isinstance(obj, (int, float)) and not isinstance(obj, bool) and str(obj) in names:
-            return f"${{oc.env:{names[str(obj)]}}}"
+            return [replace(v, f"{path}.{i}" if path else str(i)) for i, v in enumerate(obj)]
+        if path in whole and str(obj) in names:
+            reference = f"${{oc.env:{names[str(obj)]}}}"
+            return reference if isinstance(obj, str) else f"${{oc.decode:{reference}}}"  # a number stays a number
         if isinstance(obj, str):
-            for value in ordered:
-                obj = obj.replace(value, f"${{oc.env:{names[value]}}}")
+            return _substitute(obj, parts.get(path, set()) | anywhere, names)
         return obj
 
-    return replace(recipe), env, where
+    where: dict[str, str] = {}
+    for finding in findings:
+        where.setdefault(names[finding.secret], finding.path)
+    written = replace(recipe)
+    if written.get("run_name") != recipe.get("run_name"):
+        raise ConfigError(f"run_name: '{mask_text(str(recipe.get('run_name')))}' holds a secret, and it names the "
+                          "job and its folders (choose a run_name without it)")
+    return written, {name: secret for secret, name in names.items()}, where
+
+
+def _substitute(text: str, secrets: set[str], names: dict[str, str]) -> str:
+    """``text`` with each of ``secrets`` replaced by ``${oc.env:NAME}`` (longest first, one pass); a backslash just
+    before an insertion is doubled, since OmegaConf reads ``\\${`` as an escaped, literal ``${``."""
+    present = sorted((secret for secret in secrets if secret in text), key=len, reverse=True)
+    if not present:
+        return text
+    pattern = re.compile("|".join(re.escape(secret) for secret in present))
+    pieces, last = [], 0
+    for match in pattern.finditer(text):
+        before = text[last:match.start()]
+        pieces += [before + ("\\" if before.endswith("\\") else ""), f"${{oc.env:{names[match.group(0)]}}}"]
+        last = match.end()
+    return "".join(pieces) + text[last:]
 
 
 def recipe_text(recipe: dict) -> str:

@@ -80,6 +80,7 @@ class ComposerCheckpoint:
     tokenizer_files: dict[str, Any] = field(default_factory=dict)
     world_size: int = 1
     metadata: dict[str, Any] = field(default_factory=dict)  # Composer's state.metadata (device, torch_version, ...)
+    algorithms: str = ""  # Composer's state.algorithms as text (the algorithms' class names are in it)
     sharded: bool = False
 
 
@@ -130,6 +131,7 @@ def read_composer_checkpoint(path: str | Path, key: str = "load_path") -> Compos
     checkpoint.tokenizer_files = {name: entry.get("content") for name, entry in
                                   (huggingface.get("tokenizer") or {}).items() if isinstance(entry, dict)}
     checkpoint.metadata = dict(state.get("metadata") or {})
+    checkpoint.algorithms = repr(state.get("algorithms") or [])
     checkpoint.world_size = int(checkpoint.metadata.get("world_size") or len(checkpoint.rng) or 1)
     checkpoint.sharded = path.is_dir()
     return checkpoint
@@ -350,7 +352,8 @@ def moments_of(checkpoint: ComposerCheckpoint) -> MomentScale:
     """How the checkpoint's optimizer moments relate to our gradients (train/composer_moments.py has the rule)."""
     version = (fsdp_version_from_order(list(checkpoint.model), list(checkpoint.optimizer_state))
                if checkpoint.sharded else None)
-    return moment_scale(checkpoint.metadata, version)
+    return moment_scale({"world_size": checkpoint.world_size, **checkpoint.metadata}, version,
+                        clipped="GradientClipping" in checkpoint.algorithms)
 
 
 # ----- as a Hugging Face folder (what llm-foundry's convert_composer_to_hf.py writes) -----

@@ -60,7 +60,8 @@ def fsdp_version_from_order(model_names: list[str], optimizer_names: list[str]) 
     order says nothing (the parameters' own order is sorted) or matches neither."""
     trained = set(optimizer_names)
     in_model_order = [name for name in model_names if name in trained]
-    listed = [name for name in optimizer_names if name in set(in_model_order)]
+    known = set(in_model_order)
+    listed = [name for name in optimizer_names if name in known]
     if len(listed) < 2 or in_model_order == sorted(in_model_order):
         return None
     if listed == in_model_order:
@@ -68,9 +69,24 @@ def fsdp_version_from_order(model_names: list[str], optimizer_names: list[str]) 
     return 1 if listed == sorted(listed) else None
 
 
-def moment_scale(metadata: dict[str, Any], fsdp_version: int | None) -> MomentScale:
+def moment_scale(metadata: dict[str, Any], fsdp_version: int | None, clipped: bool = False) -> MomentScale:
     """The factor for a checkpoint whose ``state.metadata`` is ``metadata``; ``fsdp_version``: 1 or 2 when the
-    checkpoint shows it, None when not."""
+    checkpoint shows it, None when not; ``clipped``: Composer's GradientClipping ran (see ``_clipping``)."""
+    return _clipping(_scale(metadata, fsdp_version), clipped)
+
+
+def _clipping(scale: MomentScale, clipped: bool) -> MomentScale:
+    """Clipping acted on the summed gradients: a step whose summed gradient's norm exceeded the threshold was cut to
+    the same norm ours would have (factor 1), a step under it kept the whole factor, steps between something in
+    between. The checkpoint does not say which steps were clipped, so the factor is an assumption then."""
+    if not clipped or scale.factor == 1:
+        return scale
+    return MomentScale(scale.factor, f"{scale.reason}; gradient clipping was on, so steps clipped there carried a "
+                                     f"smaller factor (down to 1): {scale.factor:g} assumed, exact where no step "
+                                     "was clipped", assumed=True)
+
+
+def _scale(metadata: dict[str, Any], fsdp_version: int | None) -> MomentScale:
     world = int(metadata.get("world_size") or 1)
     device = str(metadata.get("device") or "")
     version = _torch_version(str(metadata.get("torch_version") or ""))

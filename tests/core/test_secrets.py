@@ -108,3 +108,55 @@ def test_a_masked_stream_masks_what_a_later_write_hook_sees():
     stream.write = capturing_write
     assert stream.write("loss 1.0 stream-secret-123\n") == len("loss 1.0 stream-secret-123\n")
     assert captured == [f"loss 1.0 {MASK}\n"] and target.getvalue() == f"loss 1.0 {MASK}\n"
+
+
+def test_a_flow_mapping_override_is_masked_on_the_command_line(monkeypatch):
+    import sys
+
+    monkeypatch.setattr(sys, "argv", ["llmfoundry", "train", "r.yaml", "variables={api_key: flowmapped-secret1}"])
+    monkeypatch.setattr(sys, "stdout", sys.stdout)  # put back whatever protect_process wraps
+    monkeypatch.setattr(sys, "stderr", sys.stderr)
+    secrets.protect_process(sys.argv[1:])
+    assert sys.argv[-1] == f"variables={{api_key: {MASK}}}"
+
+
+def test_secrets_to_env_changes_nothing_but_the_secrets(monkeypatch):
+    """Numbers equal to a secret's text, a short secret, a path with backslashes and the run name stay as they are;
+    the job's environment gives back the recipe."""
+    from omegaconf import OmegaConf
+
+    monkeypatch.setenv("HF_TOKEN", "env-held-value-1")
+    recipe = {"variables": {"token_limit": 2048, "auth_mode": "oc", "path": "C:\\dir\\env-held-value-1"},
+              "max_seq_len": 2048, "run_name": "oc-run", "mirror": "oci://bucket@namespace/data"}
+    written, env, _ = secrets_to_env(recipe)
+    assert written["max_seq_len"] == 2048 and written["run_name"] == "oc-run"
+    assert written["mirror"] == recipe["mirror"]  # bucket@namespace is no credential
+    assert written["variables"]["auth_mode"] == "${oc.env:LLMFOUNDRY_SECRET_VARIABLES_AUTH_MODE}"
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert OmegaConf.to_container(OmegaConf.create(written), resolve=True) == recipe
+
+
+def test_a_run_name_holding_a_secret_is_refused_masked():
+    from llmfoundry.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"run_name: 'run-\*\*\*\*\*\*\*\*' holds a secret"):
+        secrets_to_env({"variables": {"hf_token": "runsecret-123"}, "run_name": "run-runsecret-123"})
+
+
+def test_a_mapping_under_a_secret_key_is_secret_throughout():
+    config = {"credentials": {"account_name": "acct-name-1", "account_key": "k-123456789"}, "note": "x"}
+    assert mask_secrets(config) == {"credentials": {"account_name": MASK, "account_key": MASK}, "note": "x"}
+    assert set(find_secrets(config)) == {"acct-name-1", "k-123456789"}
+
+
+@pytest.mark.parametrize("url", ["oci://bucket@namespace/data", "git+ssh://git@github.com/x",
+                                 "http://localhost:5000/models/foo@latest", "https://hub/?author=mosaicml&design=a1"])
+def test_urls_without_credentials_are_left_alone(url):
+    assert mask_text(url) == url and find_secrets({"path": url}) == {}
+
+
+@pytest.mark.parametrize("key", ["neptune_api_token", "npm_token", "endpoint_token", "hf_new_token", "NGROK_AUTHTOKEN",
+                                 "account_key", "connection_string"])
+def test_tokens_of_keys_that_start_like_special_tokens_are_secret(key):
+    assert is_secret_key(key)

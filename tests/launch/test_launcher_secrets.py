@@ -97,9 +97,9 @@ def test_slurm_writes_no_secret_and_the_script_stops_when_one_is_missing(launch_
     script = (run / "slurm" / "job.sbatch").read_text()
     for name in names:
         assert f': "${{{name}:?llmfoundry: {name} is not set' in script
-    # the override's token is not in this environment: the notice says to set it (naming no value)
-    assert "variables.hf_token: a secret, not written to the recipe; the job reads it from $HF_TOKEN (set it" \
-        in caplog.text
+    # this environment's HF_TOKEN is not the override's: the notice says so, naming no value
+    assert ("variables.hf_token: a secret, not written to the recipe; the job reads it from $HF_TOKEN (this "
+            "environment's $HF_TOKEN holds another value: export the one given before you submit)") in caplog.text
     # the check line itself: bash stops with the variable's name when it is unset, and passes when it is set
     check = next(line for line in script.splitlines() if line.startswith(': "${HF_TOKEN'))
     env = {k: v for k, v in os.environ.items() if k != "HF_TOKEN"}

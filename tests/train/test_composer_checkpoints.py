@@ -298,3 +298,11 @@ def test_the_fsdp_version_shows_in_the_optimizer_state_order():
     assert fsdp_version_from_order(model, sorted(model)) == 1
     assert fsdp_version_from_order(sorted(model), sorted(model)) is None  # both orders agree: no evidence
     assert fsdp_version_from_order(model, ["norm_f.weight", "wte.weight", "blocks.1.w", "blocks.0.w"]) is None
+
+
+def test_gradient_clipping_makes_the_factor_an_assumption_that_is_said():
+    from llmfoundry.train.composer_moments import moment_scale
+
+    scale = moment_scale({"world_size": 2, "device": "cpu", "torch_version": "2.7.0"}, 2, clipped=True)
+    assert (scale.factor, scale.assumed) == (2, True) and "gradient clipping was on" in scale.reason
+    assert moment_scale({"world_size": 2, "device": "gpu"}, 2, clipped=True).assumed is False  # factor 1 anyway
