@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from llmfoundry.core.errors import ConfigError, first_line
 
@@ -106,8 +106,13 @@ def client(max_attempts: int = 3, connect_timeout_s: float | None = None, read_t
 
     connect = connect_timeout_s if connect_timeout_s is not None else _seconds(*TIMEOUT_ENV["connect_timeout_s"])
     read = read_timeout_s if read_timeout_s is not None else _seconds(*TIMEOUT_ENV["read_timeout_s"])
+    options: dict[str, Any] = {}
+    if endpoint() and "request_checksum_calculation" in Config.OPTION_DEFAULTS:  # botocore >= 1.36
+        # boto3 >= 1.36 adds CRC checksums to every upload by default; several S3-compatible stores (B2, Ceph,
+        # OCI's S3 API, some MinIO versions) reject them. They are sent only where the operation requires them.
+        options = {"request_checksum_calculation": "when_required", "response_checksum_validation": "when_required"}
     config = Config(retries={"max_attempts": max_attempts, "mode": "standard"}, connect_timeout=connect,
-                    read_timeout=read)
+                    read_timeout=read, **options)
     return boto3.session.Session().client("s3", endpoint_url=endpoint(), config=config)
 
 

@@ -97,6 +97,23 @@ def remove_stale_blocks() -> list[str]:
     return stale
 
 
+def open_shared_lock_file(path: str):
+    """The machine-wide lock file, opened read-only (flock needs no more) so that every user's job can take it,
+    whoever created it: created readable by all, and opened without O_CREAT when it exists (in a sticky directory
+    such as /dev/shm, fs.protected_regular refuses O_CREAT on another user's file)."""
+    while True:
+        try:
+            return os.fdopen(os.open(path, os.O_RDONLY), "rb")
+        except FileNotFoundError:
+            pass
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:  # another job created it meanwhile
+            continue
+        os.fchmod(fd, 0o644)  # whatever this process's umask
+        return os.fdopen(fd, "rb")
+
+
 @contextlib.contextmanager
 def shm_registration_lock(wait_s: float = SHM_LOCK_WAIT_S):
     """Hold while the ranks of a job build a StreamingDataset (every rank enters; see the module docstring).
@@ -108,7 +125,7 @@ def shm_registration_lock(wait_s: float = SHM_LOCK_WAIT_S):
         return
     handle = None
     if streaming.base.world.World.detect().is_local_leader:
-        handle = open(SHM_REGISTRATION_LOCK, "a")
+        handle = open_shared_lock_file(SHM_REGISTRATION_LOCK)
         deadline = time.monotonic() + wait_s
         while True:
             try:

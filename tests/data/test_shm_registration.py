@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -143,3 +145,43 @@ def test_a_registration_lock_held_too_long_is_passed_with_a_notice(caplog):
     finally:
         holder.kill()
         holder.wait()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as a second user")
+def test_a_second_user_takes_the_lock_file_another_user_created():
+    """A sticky, world-writable folder like /dev/shm: root's job creates the lock file (with a umask of 077), then a
+    job of another user (nobody) opens and flocks the same file."""
+    shared = Path(tempfile.mkdtemp(prefix="llmfoundry-shm-", dir="/tmp"))  # pytest's own folders are root's only
+    os.chmod(shared, 0o1777)
+    lock = str(shared / "registration.lock")
+    previous = os.umask(0o077)
+    try:
+        from llmfoundry.data.shm_registration import open_shared_lock_file
+
+        open_shared_lock_file(lock).close()
+    finally:
+        os.umask(previous)
+    def as_nobody(action) -> int:  # a forked child that drops to user nobody; its exit code says how it went
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setgid(65534)
+                os.setuid(65534)
+                action()
+                os._exit(0)
+            except PermissionError:
+                os._exit(13)
+            except BaseException:
+                os._exit(1)
+        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+    def take_lock():
+        import fcntl
+
+        fcntl.flock(open_shared_lock_file(lock), fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+    try:
+        assert as_nobody(lambda: open(lock, "a")) == 13  # what the lock file used to be opened with
+        assert as_nobody(take_lock) == 0
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
