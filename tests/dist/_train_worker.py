@@ -1,6 +1,7 @@
 """torchrun entry point for tests: `llmfoundry train` plus a `record_samples` callback that writes, per rank and
 batch, a hash of every sample row trained on (to check that no sample is seen twice), a `record_shapes`
 callback that writes the shape of each parameter's local part on each rank (to check how the model was split),
+a `record_lr` callback that writes the learning rate of each batch's step,
 a `print_env_hash` callback that prints the hash of a secret the job reads from its environment, and
 a `hold` callback that parks every rank at the end of a batch until the test has done what it wanted to do there
 (a signal, a kill, a flag file): faults land at a known batch however fast or slow the machine is."""
@@ -102,6 +103,22 @@ class Hold(Callback):
 
 callbacks.register("hold", config=HoldSettings)(lambda s: Hold(s))
 callbacks.register("second_hold", config=HoldSettings)(lambda s: Hold(s))
+
+class RecordLR(Callback):
+    """Rank 0 writes, per batch, the learning rate its optimizer step runs at (lr-rank0.jsonl in ``folder``)."""
+
+    def __init__(self, settings: RecordSamplesSettings):
+        self.folder = settings.folder
+
+    def on_batch_start(self, trainer):
+        if trainer.dist.rank == 0:
+            with open(f"{self.folder}/lr-rank0.jsonl", "a") as f:
+                lr = trainer.optimizer.param_groups[0]["lr"]
+                f.write(json.dumps({"batch": trainer.time.batch + 1, "lr": float(lr)}) + "\n")
+
+
+callbacks.register("record_lr", config=RecordSamplesSettings)(lambda s: RecordLR(s))
+
 
 @dataclass
 class EnvHashSettings:

@@ -19,10 +19,13 @@ pytestmark = pytest.mark.dist
 def test_composer_checkpoint_resumes_on_two_fsdp_ranks(name, fixture_data, tmp_path):  # noqa: F811
     reference = json.loads((FIXTURES / f"{name}.json").read_text())
     recipe = resumed_recipe(name, fixture_data, tmp_path, fsdp_config={"sharding_strategy": "FULL_SHARD"},
-                            loggers={"jsonl": {"path": str(tmp_path / "metrics.jsonl")}})
+                            loggers={"jsonl": {"path": str(tmp_path / "metrics.jsonl")}},
+                            callbacks={"record_lr": {"folder": str(tmp_path)}})
     run_job(recipe, tmp_path, name)
     got = losses(tmp_path / "metrics.jsonl")
     expected = reference.get("resumed_by_llm_foundry") or reference["batches"][2:]
     assert sorted(got) == list(range(3, 3 + len(expected)))
+    rates = {row["batch"]: row["lr"] for row in map(json.loads, (tmp_path / "lr-rank0.jsonl").read_text().split())}
     for step, theirs in enumerate(expected, start=3):
         assert got[step] == pytest.approx(theirs["loss"], rel=1e-5), f"batch {step}"
+        assert rates[step] == pytest.approx(theirs["lr"], rel=1e-12, abs=1e-15), f"lr of batch {step}"
