@@ -83,7 +83,7 @@ def test_a_loader_builds_where_a_killed_job_left_blocks_that_break_streaming(blo
     every block but locals, and the next only locals, it picks the next one and fails to create its locals
     (FileExistsError), as after a job killed between creating its blocks."""
     laid: list[int] = []
-    for _ in range(10):  # lay it out above whatever this machine's /dev/shm holds already
+    for _ in range(200):  # lay it out above whatever this machine's /dev/shm holds already (one prefix a round)
         chosen = streaming_choice()
         if (SHM / f"{chosen:06d}_locals").exists():
             break

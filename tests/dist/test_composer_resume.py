@@ -25,7 +25,7 @@ def test_composer_checkpoint_resumes_on_two_fsdp_ranks(name, fixture_data, tmp_p
     got = losses(tmp_path / "metrics.jsonl")
     expected = reference.get("resumed_by_llm_foundry") or reference["batches"][2:]
     assert sorted(got) == list(range(3, 3 + len(expected)))
-    rates = {row["batch"]: row["lr"] for row in map(json.loads, (tmp_path / "lr-rank0.jsonl").read_text().split())}
+    rates = {row["batch"]: row["lr"] for row in map(json.loads, (tmp_path / "lr-rank0.jsonl").read_text().splitlines())}
     for step, theirs in enumerate(expected, start=3):
         assert got[step] == pytest.approx(theirs["loss"], rel=1e-5), f"batch {step}"
         assert rates[step] == pytest.approx(theirs["lr"], rel=1e-12, abs=1e-15), f"lr of batch {step}"
