@@ -133,6 +133,21 @@ def is_missing(error: BaseException) -> bool:
     return error_code(error).lower() in _MISSING or response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 404
 
 
+# What a store answers when it is overloaded or failing for a moment (S3 and the S3-compatible stores): worth
+# asking again. Connection failures are not in it: an unreachable endpoint is a set-up problem, said at once.
+_TRANSIENT = {"slowdown", "serviceunavailable", "internalerror", "requesttimeout", "throttling",
+              "throttlingexception", "requestlimitexceeded", "503", "500", "502", "504"}
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether the store answered with a server-side, passing failure (HTTP 5xx, SlowDown, throttling)."""
+    response = getattr(error, "response", None)
+    if not isinstance(response, dict):
+        return False
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+    return error_code(error).lower() in _TRANSIENT or 500 <= int(status) < 600
+
+
 def problem(error: BaseException) -> str:
     """A short description of a store failure: not found, no such bucket, access denied, or the error itself."""
     code = error_code(error)
@@ -169,6 +184,7 @@ class Retry:
     initial_s: float = 0.5
     max_s: float = 8.0
     on_retry: Callable[[Exception, float], None] | None = None
+    only_if: Callable[[BaseException], bool] | None = None  # retry only errors it accepts (default: any)
 
     def call(self, fn: Callable[[], T]) -> T:
         wait = self.initial_s
@@ -176,7 +192,8 @@ class Retry:
             try:
                 return fn()
             except Exception as error:  # noqa: BLE001 - network errors come in many types
-                if is_missing(error) or time.monotonic() + wait > self.deadline:
+                if (is_missing(error) or time.monotonic() + wait > self.deadline
+                        or (self.only_if is not None and not self.only_if(error))):
                     raise
                 if self.on_retry is not None:
                     self.on_retry(error, wait)
@@ -185,20 +202,35 @@ class Retry:
 
 
 # ----------------------------------------------------------------------------------------------- folders
+READ_DEADLINE_ENV = ("LLMFOUNDRY_S3_READ_DEADLINE", 120.0)
+
+
 class ObjectFolder:
-    """The objects under one ``s3://bucket/prefix``: exists, read, list, download, delete."""
+    """The objects under one ``s3://bucket/prefix``: exists, read, list, download, delete.
+
+    Every read (exists, read, list, each object of a download) is asked again, with backoff, while the store answers
+    with a passing server-side failure (503 SlowDown, 500, throttling), until ``LLMFOUNDRY_S3_READ_DEADLINE``
+    seconds (120) after the read began: a resume goes through a storm of 503s instead of ending at the first."""
 
     def __init__(self, url: str, key: str = "path", *, max_attempts: int = 1):
         self.url = url.rstrip("/")
         self.bucket, self.prefix = split_url(url, key)
         self.s3 = client(max_attempts=max_attempts)
+        self.retries = 0  # reads asked again so far
+
+    def _read(self, fn: Callable[[], T]) -> T:
+        def counted(error: Exception, wait: float) -> None:
+            self.retries += 1
+
+        deadline = time.monotonic() + _seconds(*READ_DEADLINE_ENV)
+        return Retry(deadline, initial_s=0.1, max_s=4.0, on_retry=counted, only_if=is_transient).call(fn)
 
     def key(self, *parts: str) -> str:
         return _join_key(self.prefix, *parts)
 
     def exists(self, *parts: str) -> bool:
         try:
-            self.s3.head_object(Bucket=self.bucket, Key=self.key(*parts))
+            self._read(lambda: self.s3.head_object(Bucket=self.bucket, Key=self.key(*parts)))
             return True
         except Exception as error:  # noqa: BLE001
             if is_missing(error):
@@ -207,7 +239,7 @@ class ObjectFolder:
 
     def read_bytes(self, *parts: str) -> bytes | None:
         try:
-            return self.s3.get_object(Bucket=self.bucket, Key=self.key(*parts))["Body"].read()
+            return self._read(lambda: self.s3.get_object(Bucket=self.bucket, Key=self.key(*parts))["Body"].read())
         except Exception as error:  # noqa: BLE001
             if is_missing(error):
                 return None
@@ -227,10 +259,13 @@ class ObjectFolder:
         """Full keys of every object under ``prefix/parts/``."""
         prefix = self.key(*parts)
         prefix = prefix + "/" if prefix else ""
-        keys = []
-        for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
-            keys += [item["Key"] for item in page.get("Contents", [])]
-        return keys
+        def listing() -> list[str]:
+            keys = []
+            for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
+                keys += [item["Key"] for item in page.get("Contents", [])]
+            return keys
+
+        return self._read(listing)
 
     def download(self, name: str, dest: Path, skip: Callable[[str], bool] = lambda rel: False) -> Path:
         """Copy the objects under ``name`` into a fresh ``dest/name`` (each file written atomically); ``skip``
@@ -247,7 +282,7 @@ class ObjectFolder:
             path = target / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            self.s3.download_file(self.bucket, key, str(tmp))
+            self._read(lambda: self.s3.download_file(self.bucket, key, str(tmp)))
             os.replace(tmp, path)
         return target
 

@@ -1,0 +1,69 @@
+"""An HTTP proxy in front of the moto S3 server that answers the first ``failures`` requests for each object (and
+each listing) with an S3 error, then forwards: a store in a storm of 503 SlowDown, for the tests of retries."""
+
+from __future__ import annotations
+
+import http.client
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+SLOW_DOWN = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+             b"<Message>Please reduce your request rate.</Message></Error>")
+
+
+class FaultProxy:
+    def __init__(self, target_host: str, target_port: int, failures: int = 3, status: int = 503,
+                 methods: tuple[str, ...] = ("GET", "HEAD")):
+        self.target = (target_host, target_port)
+        self.failures, self.status, self.methods = failures, status, methods
+        self.seen: dict[tuple[str, str], int] = {}  # (method, path) -> requests so far
+        self.answered_with_errors = 0
+        self._lock = threading.Lock()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # quiet
+                pass
+
+            def _handle(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with proxy._lock:
+                    count = proxy.seen.get((self.command, self.path), 0)
+                    proxy.seen[(self.command, self.path)] = count + 1
+                    fail = self.command in proxy.methods and count < proxy.failures
+                    proxy.answered_with_errors += fail
+                if fail:
+                    self.send_response(proxy.status)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(0 if self.command == "HEAD" else len(SLOW_DOWN)))
+                    self.end_headers()
+                    if self.command != "HEAD":
+                        self.wfile.write(SLOW_DOWN)
+                    return
+                upstream = http.client.HTTPConnection(*proxy.target, timeout=30)
+                upstream.request(self.command, self.path, body=body or None, headers=dict(self.headers))
+                response = upstream.getresponse()
+                data = response.read()
+                self.send_response(response.status)
+                for name, value in response.getheaders():
+                    if name.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(name, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+                upstream.close()
+
+            do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _handle
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
