@@ -10,7 +10,6 @@ NAME=secret/key``, or one written to ``<manifest>.secrets.yaml`` (readable by yo
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import re
 from pathlib import Path
@@ -20,7 +19,7 @@ import yaml
 from llmfoundry.commands.train import load_train_config
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.core.notices import notice_once
-from llmfoundry.launch.k8s import KINDS, KubeJob
+from llmfoundry.launch.k8s import KINDS, KubeJob, secret_name
 from llmfoundry.launch.recipe import dns_label, recipe_text, resolved_recipe, secrets_to_env
 from llmfoundry.train.compat import device_batch_size
 
@@ -60,11 +59,10 @@ def main(argv: list[str]) -> int:
     recipe, secrets, where = secrets_to_env(resolved_recipe(plain))
     name = dns_label(recipe["run_name"])
     to_write = {var: value for var, value in secrets.items() if var not in named}
+    refs = {var: (secret_name(name), var) for var in to_write} | named
     job = KubeJob(name=name, image=args.image, nodes=args.nodes, gpus_per_node=args.gpus_per_node, kind=args.kind,
                   namespace=args.namespace, runtime=args.runtime, max_restarts=args.max_restarts, cpu=args.cpu,
-                  secret_env=())
-    refs = {var: (job.secret, var) for var in to_write} | named
-    job = dataclasses.replace(job, secret_env=tuple((var, secret, key) for var, (secret, key) in refs.items()))
+                  secret_env=tuple((var, secret, key) for var, (secret, key) in refs.items()))
     out = Path(args.output or f"{job.name}.k8s.yaml")
     for var in secrets:
         secret, key = refs[var]

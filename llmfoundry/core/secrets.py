@@ -7,7 +7,7 @@ A value is a secret when its key looks like one (token, api_key, password, ...),
 values found in a recipe are remembered for the process (``remember``), so that text quoting them later (an error
 message, a notice, a console line) is masked too (``mask_text``).
 
-The launchers use ``find_secrets`` to keep secrets out of what they write: each one becomes an environment
+The launchers use ``secret_findings`` to keep secrets out of what they write: each one becomes an environment
 variable of the job (``env_name_for``), and the recipe reads it back with ``${oc.env:NAME}``.
 """
 
@@ -58,6 +58,7 @@ SECRET_ENV_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_TOKEN", "A
 MIN_SECRET_LENGTH = 8
 
 _remembered: set[str] = set()
+_known: tuple[Any, list[str]] = (None, [])  # (what it was computed from, known_secrets()): mask_text runs per write
 
 
 def is_secret_key(key: str) -> bool:
@@ -81,8 +82,13 @@ def remember(values) -> None:
 
 
 def known_secrets() -> list[str]:
-    """Every secret value this process knows of, longest first (so a value inside another is masked whole)."""
-    return sorted(_remembered | set(secret_env().values()), key=len, reverse=True)
+    """Every secret value this process knows of, longest first (so a value inside another is masked whole);
+    computed again only when the environment or the remembered values changed."""
+    global _known
+    source = (frozenset(os.environ.items()), len(_remembered))
+    if _known[0] != source:
+        _known = (source, sorted(_remembered | set(secret_env().values()), key=len, reverse=True))
+    return _known[1]
 
 
 def mask_text(text: str) -> str:
@@ -99,7 +105,10 @@ def mask_url_credentials(text: str) -> str:
     return _URL_QUERY.sub(rf"\1{MASK}", _URL_USERINFO.sub(rf"\1{MASK}@", text))
 
 
-def _secret_by_key_or_format(value: Any, key: str) -> bool:
+def _whole_secret(value: Any, key: str, under_secret: bool) -> bool:
+    """Whether a leaf value is a secret as a whole: under a secret-looking mapping, by its own key, or by format."""
+    if under_secret and value not in (None, "") and not isinstance(value, bool):
+        return True
     if isinstance(value, str):
         return bool(value) and bool(_SECRET_VALUE.match(value) or (key and is_secret_key(key)))
     return bool(key) and is_secret_key(key) and isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -112,7 +121,7 @@ def mask_secrets(obj: Any, key: str = "", under_secret: bool = False) -> Any:
         return {k: mask_secrets(v, str(k), under_secret or is_secret_key(str(k))) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [mask_secrets(v, key, under_secret) for v in obj]
-    if under_secret and obj not in (None, "") and not isinstance(obj, bool) or _secret_by_key_or_format(obj, key):
+    if _whole_secret(obj, key, under_secret):
         return MASK
     if isinstance(obj, str):
         return mask_text(obj)
@@ -123,8 +132,8 @@ def mask_argv(argv: list[str]) -> list[str]:
     """A command line with its secrets masked: ``key=value`` overrides whose key looks secret, then the text rules."""
     masked = []
     for arg in argv:
-        key, sep, value = arg.lstrip("+~").partition("=")
-        if sep and value and is_secret_key(key.rsplit(".", 1)[-1]):
+        key, value = _split_override(arg)
+        if value and is_secret_key(key):
             arg = arg[:len(arg) - len(value)] + MASK
         masked.append(mask_text(arg))
     return masked
@@ -156,8 +165,7 @@ def secret_findings(obj: Any, environ: Mapping[str, str] | None = None) -> list[
     env_values = set(secret_env(environ).values())
     found: list[Finding] = []
     for path, key, value, secret_parent in _walk(obj):
-        if secret_parent and value not in (None, "") and not isinstance(value, bool) or \
-                _secret_by_key_or_format(value, key):
+        if _whole_secret(value, key, secret_parent):
             found.append(Finding(path, str(value), True))
             continue
         if not isinstance(value, str):
@@ -245,15 +253,21 @@ def protect_process(argv: list[str]) -> None:
             setattr(sys, name, MaskedStream(stream))
 
 
+def _split_override(arg: str) -> tuple[str, str | None]:
+    """(last key of the path, value) of a ``[+|++|~]a.b=value`` override; ("", None) for any other argument."""
+    key, sep, value = arg.lstrip("+~").partition("=")
+    return (key.rsplit(".", 1)[-1], value) if sep else ("", None)
+
+
 def _override_as_mapping(arg: str) -> dict[str, Any]:
     """``{key: value}`` of a ``key=value`` override, a flow value (``variables={api_key: x}``) read as YAML;
     ``{"": arg}`` for any other argument."""
-    key, sep, value = arg.lstrip("+~").partition("=")
-    if not sep:
+    key, value = _split_override(arg)
+    if value is None:
         return {"": arg}
     if value.lstrip()[:1] in ("{", "["):
         try:
-            return {key.rsplit(".", 1)[-1]: yaml.safe_load(value)}
+            return {key: yaml.safe_load(value)}
         except yaml.YAMLError:
             pass  # the recipe loader reports it; its text is still searched as it is
-    return {key.rsplit(".", 1)[-1]: value}
+    return {key: value}

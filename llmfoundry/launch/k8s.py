@@ -25,6 +25,11 @@ PYTORCHJOB_API = "kubeflow.org/v1"
 KINDS = ("trainjob", "pytorchjob")
 
 
+def secret_name(job_name: str) -> str:
+    """The Secret that `llmfoundry k8s` writes for the secrets given to it."""
+    return f"{job_name}-secrets"
+
+
 @dataclass(frozen=True)
 class KubeJob:
     name: str  # a DNS label: the TrainJob/PyTorchJob and (with -recipe) the ConfigMap
@@ -44,8 +49,7 @@ class KubeJob:
 
     @property
     def secret(self) -> str:
-        """The Secret that `llmfoundry k8s` writes for the secrets given to it."""
-        return f"{self.name}-secrets"
+        return secret_name(self.name)
 
     def command(self) -> list[str]:
         """The container command: the same for both kinds and for a local run with PET_* variables."""
