@@ -37,7 +37,8 @@ def test_a_resume_reads_through_repeated_503s(storm, tmp_path):
     assert (local / ".metadata").read_bytes() == b"metadata" and not (local / COMPLETE).exists()
     for name in ("rank0.pt", ".metadata"):  # three 503s, then the object
         assert storm.seen[("GET", f"/{S3_TEST_BUCKET}/run/ep0-ba4/{name}")] == 4
-    assert folder.retries >= 6 and storm.answered_with_errors >= 9
+    # the listing's three 503s are always ours to retry; s3transfer (>= 0.19) asks again itself within a download
+    assert folder.retries >= 3 and storm.answered_with_errors >= 9
 
 
 def test_past_its_deadline_a_read_fails_with_the_stores_answer(storm, monkeypatch):
