@@ -1,15 +1,18 @@
 """Named builders: the one place that maps a name in a YAML recipe to the code that builds it.
 
-Each kind of component (models, dataloaders, optimizers, ...) has a ``Registry``. A builder registers with the
-dataclass that describes its config section, so that the config schema can validate the section before anything
-is built::
+Each kind of component (models, dataloaders, optimizers, ...) has a ``Registry``. A builder is known by its name
+with the dataclass that describes its config section, so that the config schema can validate the section before
+anything is built. The built-in builders are *declared* by light catalog modules (one per kind, see
+``provider_modules`` below) as ``"module:function"`` strings next to their settings dataclasses, so that checking a
+recipe imports neither torch nor transformers; the builder's module is imported when the component is built::
 
-    @models.register("mpt_causal_lm", config=MPTModelSettings)
-    def build_mpt(settings: MPTModelSettings, tokenizer) -> nn.Module: ...
+    models.declare("mpt_causal_lm", "llmfoundry.models.mpt_causal_lm:build_mpt", config=MPTModelSettings)
 
-Third-party packages add builders through entry points in the group ``llmfoundry.<kind>`` (for example
-``llmfoundry.models``); each entry point names a builder that was decorated with ``register`` or a module that
-registers on import.
+Plugins register the builder itself (``code_paths`` files, or entry points in the group ``llmfoundry.<kind>``,
+e.g. ``llmfoundry.models``, naming a builder or a module that registers on import)::
+
+    @models.register("my_model", config=MyModelSettings)
+    def build_my_model(settings: MyModelSettings, tokenizer) -> nn.Module: ...
 """
 
 from __future__ import annotations
@@ -29,9 +32,17 @@ from llmfoundry.core.errors import ConfigError, did_you_mean
 @dataclass(frozen=True)
 class Entry:
     name: str
-    builder: Callable[..., Any]
+    target: Callable[..., Any] | str  # the builder, or "module:function" naming it (imported when first built)
     config: type | None  # a dataclass describing the builder's config section (without its `name` key)
     differs: str | None = None  # how this name behaves differently from llm-foundry (shown by `llmfoundry check`)
+
+    @property
+    def builder(self) -> Callable[..., Any]:
+        """The builder; a declared one is imported here, when something is built, not when a recipe is checked."""
+        if not isinstance(self.target, str):
+            return self.target
+        module, _, attribute = self.target.partition(":")
+        return getattr(importlib.import_module(module), attribute)
 
 
 class Registry:
@@ -50,12 +61,23 @@ class Registry:
                  differs: str | None = None) -> Callable[[Callable], Callable]:
         def decorator(builder: Callable) -> Callable:
             existing = self._entries.get(name)
-            if existing is not None and existing.builder is not builder:
+            if existing is not None and existing.target is not builder:
                 raise ValueError(f"{self.kind} '{name}' is registered twice")
             self._entries[name] = Entry(name, builder, config, differs)
             return builder
 
         return decorator
+
+    def declare(self, name: str, builder: str, *, config: type | None = None, differs: str | None = None) -> None:
+        """Make ``name`` known with its settings now and its builder (``"package.module:function"``) imported when
+        it is first built: how the built-in components are listed, so that validation stays free of torch."""
+        module, colon, attribute = builder.partition(":")
+        if not (module and colon and attribute.isidentifier()):
+            raise ValueError(f"{self.kind} '{name}': builder {builder!r} is not 'package.module:function'")
+        existing = self._entries.get(name)
+        if existing is not None and existing.target != builder:
+            raise ValueError(f"{self.kind} '{name}' is registered twice")
+        self._entries[name] = Entry(name, builder, config, differs)
 
     def refuse(self, name: str, why: str) -> None:
         """Make ``name`` (registered by llm-foundry, impossible here) a one-line error saying ``why`` when used."""
