@@ -123,14 +123,16 @@ class Registry:
         return self._entries[name]
 
 
-models = Registry("models", provider_modules=("llmfoundry.models",))
+# Each kind's provider is a light catalog module (declarations + settings dataclasses; no torch, transformers or
+# streaming), except where only building consults the registry (tokenizers, preprocessors).
+models = Registry("models", provider_modules=("llmfoundry.models.catalog",))
 tokenizers = Registry("tokenizers", provider_modules=("llmfoundry.data.tokenizers",))
-dataloaders = Registry("dataloaders", provider_modules=("llmfoundry.data",))
-optimizers = Registry("optimizers", provider_modules=("llmfoundry.train.optim",))
+dataloaders = Registry("dataloaders", provider_modules=("llmfoundry.data.catalog",))
+optimizers = Registry("optimizers", provider_modules=("llmfoundry.train.catalog",))
 schedulers = Registry("schedulers", provider_modules=("llmfoundry.train.schedules",))
-algorithms = Registry("algorithms", provider_modules=("llmfoundry.train.algorithms",))
-callbacks = Registry("callbacks", provider_modules=("llmfoundry.train.callbacks",))
-loggers = Registry("loggers", provider_modules=("llmfoundry.train.loggers",))
+algorithms = Registry("algorithms", provider_modules=("llmfoundry.train.catalog",))
+callbacks = Registry("callbacks", provider_modules=("llmfoundry.train.callbacks.catalog",))
+loggers = Registry("loggers", provider_modules=("llmfoundry.train.loggers.catalog",))
 icl_task_types = Registry("icl_task_types", provider_modules=("llmfoundry.eval.icl",))
 metrics = Registry("metrics", provider_modules=("llmfoundry.eval.icl",))
 # finetuning record formatters, by name or by the hf_name they format (llm-foundry's dataset_constructor.register)

@@ -7,8 +7,8 @@ seen in the process, so that a per-block or per-step caller still prints it once
 from __future__ import annotations
 
 import logging
-
-from llmfoundry.core import dist
+import os
+import sys
 
 log = logging.getLogger("llmfoundry")
 _seen: set[str] = set()
@@ -19,7 +19,17 @@ def notice_once(message: str) -> bool:
     if message in _seen:
         return False
     _seen.add(message)
-    if dist.rank() != 0:
+    if _rank() != 0:
         return False
     log.warning(message)
     return True
+
+
+def _rank() -> int:
+    """The process group's rank once there is one, else torchrun's ``RANK`` (a notice raised while the recipe is
+    validated, before the group exists, is said by rank 0 only too). torch is never imported here: checking a
+    recipe must not load it, and a process group exists only where torch was loaded already."""
+    distributed = sys.modules.get("torch.distributed")
+    if distributed is not None and distributed.is_available() and distributed.is_initialized():
+        return distributed.get_rank()
+    return int(os.environ.get("RANK") or 0)

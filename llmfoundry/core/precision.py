@@ -7,9 +7,9 @@ import contextlib
 
 import torch
 
-# Every dtype name a recipe or a command-line flag may use (fsdp_config.mixed_precision, convert --dtype, ...).
-DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-          "fp16": torch.float16, "float16": torch.float16}
+from llmfoundry.core.dtype_names import DTYPE_NAMES
+
+DTYPES = {name: getattr(torch, torch_name) for name, torch_name in DTYPE_NAMES.items()}
 AUTOCAST_DTYPES = {"amp_bf16": torch.bfloat16, "amp_fp16": torch.float16}
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from llmfoundry.config.fields import option
-from llmfoundry.core.precision import DTYPES
+from llmfoundry.core.dtype_names import DTYPE_NAMES
 
 _NO_FSDP2 = "accepted for llm-foundry recipes; no FSDP2 meaning: ignored, with a notice when set to another value"
 MIXED_PRECISION_KEYS = ("param_dtype", "reduce_dtype", "buffer_dtype")
@@ -95,8 +95,8 @@ class FSDPConfig:
         for key, name in self.mixed_precision.items():
             if key not in MIXED_PRECISION_KEYS:
                 problems.append(f"{where}.{key}: unknown key (use {', '.join(MIXED_PRECISION_KEYS)})")
-            elif name not in DTYPES:
-                problems.append(f"{where}.{key}: '{name}' is not a dtype (use one of {', '.join(DTYPES)})")
+            elif name not in DTYPE_NAMES:
+                problems.append(f"{where}.{key}: '{name}' is not a dtype (use one of {', '.join(DTYPE_NAMES)})")
         return problems
 
 
