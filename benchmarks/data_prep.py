@@ -226,7 +226,8 @@ def main() -> None:
 
 
 def loader_and_training(args, tokenizer, mds: Path) -> None:
-    from llmfoundry.data.text import TextDatasetSettings, TextLoaderSettings, build_text_dataloader
+    from llmfoundry.data.loader_settings import TextDatasetSettings, TextLoaderSettings
+    from llmfoundry.data.text import build_text_dataloader
 
     settings = TextLoaderSettings(dataset=TextDatasetSettings(local=str(mds), shuffle=True,
                                                               max_seq_len=args.concat_tokens,

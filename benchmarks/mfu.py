@@ -22,8 +22,9 @@ import torch
 import torch.nn.functional as F
 
 from llmfoundry.core import precision
-from llmfoundry.models.mpt import MPTConfig, MPTForCausalLM
-from llmfoundry.models.mpt.config import MPTArch
+from llmfoundry.models.mpt.arch import MPTArch
+from llmfoundry.models.mpt.config import MPTConfig
+from llmfoundry.models.mpt.model import MPTForCausalLM
 from llmfoundry.train import parallel
 from llmfoundry.train.callbacks.speed_monitor import device_peak_tflops
 from llmfoundry.train.settings import CompileConfig

@@ -19,7 +19,8 @@ import time
 import torch
 
 from llmfoundry.models.hf_export import to_transformers
-from llmfoundry.models.mpt import MPTConfig, MPTForCausalLM
+from llmfoundry.models.mpt.config import MPTConfig
+from llmfoundry.models.mpt.model import MPTForCausalLM
 
 MPT_125M = dict(d_model=768, n_heads=12, n_layers=12, expansion_ratio=4, vocab_size=50368, no_bias=True,
                 learned_pos_emb=False, norm_type="low_precision_layernorm", attn_config={"alibi": True})  # fmt: skip

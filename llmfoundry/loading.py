@@ -27,9 +27,10 @@ from llmfoundry.core import objectstore
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.data.tokenizers import build_tokenizer, load_saved_tokenizer
 from llmfoundry.eval.models import HF, model_settings
-from llmfoundry.models.hf import HFModelSettings, load_hf_causal_lm
+from llmfoundry.models.hf import load_hf_causal_lm
 from llmfoundry.models.hf_import import is_llm_foundry_mpt_folder, load_as_mpt
 from llmfoundry.models.interface import is_encoder_decoder
+from llmfoundry.models.settings import HFModelSettings
 from llmfoundry.train import composer_checkpoint, parallel
 from llmfoundry.train.builders import build_model
 from llmfoundry.train.builders import build_tokenizer as build_recipe_tokenizer

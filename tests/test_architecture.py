@@ -12,6 +12,13 @@ PACKAGE = Path(__file__).resolve().parents[1] / "llmfoundry"
 OPTIONAL = {"peft", "lm_eval", "mlflow", "tensorboard", "torch.utils.tensorboard", "tiktoken", "flash_attn",
             "datasets", "matplotlib", "wandb", "boto3", "botocore", "ray", "bitsandbytes",
             "psutil", "pynvml"}
+# A command checks its recipe before the heavy stack loads (a recipe mistake is answered in well under a second):
+# its heavy stage is imported inside a function once the recipe is valid, and only in these places.
+STAGED = {
+    "llmfoundry/commands/train.py": {"llmfoundry.train.run"},
+    "llmfoundry/commands/eval.py": {"llmfoundry.commands.eval_run"},
+    "llmfoundry/launch/ray.py": {"llmfoundry.launch.ray_worker"},  # with Ray itself, once the recipe is valid
+}
 MAX_LINES = 500
 
 
@@ -40,7 +47,7 @@ def function_level_imports(path: Path, root: Path = PACKAGE.parent) -> list[str]
             continue
         for node in ast.walk(func):
             for name in _imported_names(node):
-                if not _is_optional(name):
+                if not _is_optional(name) and name not in STAGED.get(path.relative_to(root).as_posix(), ()):
                     found.append(f"{path.relative_to(root)}:{node.lineno} {name}")
     return sorted(set(found))
 

@@ -116,7 +116,9 @@ def _builtin_entries(kind: str):
     reg = getattr(registry, kind)
     for name in reg.names():
         entry = reg.get(name)
-        if entry.builder.__module__.startswith("llmfoundry."):
+        # a built-in is declared by its catalog as "llmfoundry....:function" (a plugin's builder is not ours)
+        module = entry.target if isinstance(entry.target, str) else entry.target.__module__
+        if module.startswith("llmfoundry."):
             yield name, entry
 
 

@@ -3,6 +3,9 @@
 Several processes: ``torchrun --nproc_per_node N scripts/train.py RECIPE.yaml ...`` (multi-node through torchrun's
 rendezvous flags), or ``llmfoundry train -n N RECIPE.yaml ...``, which runs ``python -m torch.distributed.run
 --standalone --nproc_per_node N`` on this command line for one machine. There is no launcher of our own.
+
+This module stays free of torch: the recipe is read and validated first, so a mistake in it is answered before the
+heavy stack loads; llmfoundry.train.run is imported only for a valid recipe.
 """
 
 from __future__ import annotations
@@ -13,12 +16,9 @@ import os
 import subprocess
 import sys
 
-from llmfoundry.core import dist
 from llmfoundry.core.errors import ConfigError
-from llmfoundry.train.errors import TrainingStopped
 from llmfoundry.train.recipe import cuda_environment, load_train_config
 from llmfoundry.train.compat import device_batch_size
-from llmfoundry.train.trainer import Trainer
 
 __all__ = ["main", "load_train_config", "cuda_environment"]  # the last two live in train/recipe.py
 
@@ -54,16 +54,6 @@ def main(argv: list[str]) -> int:
     os.environ.update(cuda_environment(cfg, dict(os.environ)))
     if cfg.python_log_level:
         logging.basicConfig(level=cfg.python_log_level.upper(), format="%(asctime)s %(name)s: %(message)s")
-    try:
-        Trainer(cfg, plain).fit()
-    except TrainingStopped as error:
-        print(f"training stopped: {error}", file=sys.stderr)
-        return 3
-    except RuntimeError as error:  # FSDP's, DDP's and DCP's own collectives: bounded by dist_timeout too
-        if dist.is_collective_failure(error):
-            what = "a collective inside training (gradient sync, FSDP, checkpoint)"
-            raise dist.collective_failure(what, error) from None
-        raise
-    finally:
-        dist.destroy()
-    return 0
+    from llmfoundry.train.run import run_training  # the heavy stage, for a valid recipe only (module docstring)
+
+    return run_training(cfg, plain)

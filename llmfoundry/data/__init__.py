@@ -1,6 +1,4 @@
 """Data: tokenizers, MDS pretraining and finetuning loaders, and the converters behind data_prep/.
 
-Importing this package registers the ``text`` and ``finetuning`` dataloaders.
+The dataloaders are declared by name in data/catalog.py; importing this package imports none of them.
 """
-
-from llmfoundry.data import finetuning_loader, text  # noqa: F401  (register the `finetuning` and `text` dataloaders)

@@ -1,6 +1,6 @@
-"""Finetuning examples: the ``finetuning`` loader's settings, and prompt/response or chat records -> tokenized
-``input_ids``/``labels``. The loader (finetuning_loader.py) batches these examples; the converter
-(prep/finetuning.py) writes them as MDS, so both tokenize, target and truncate alike.
+"""Finetuning examples: prompt/response or chat records -> tokenized ``input_ids``/``labels``. The loader
+(finetuning_loader.py) batches these examples; the converter (prep/finetuning.py) writes them as MDS, so both
+tokenize, target and truncate alike. The loader's settings are in loader_settings.py.
 
 YAML (llm-foundry's shape)::
 
@@ -32,26 +32,17 @@ from __future__ import annotations
 import logging
 import math
 import os
-import re
-from dataclasses import dataclass
-from typing import Any, Literal
 
 import torch
 
-from llmfoundry.config.checks import PositiveInt
-from llmfoundry.config.fields import option
 from llmfoundry.core import objectstore
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.core.notices import notice_once
-from llmfoundry.data.preprocessors import (
-    PreprocessingError,
-    column_mapping_problems,
-    describe_preprocessor,
-    resolve_preprocessor,
-)
+from llmfoundry.data.loader_settings import FinetuningDatasetSettings, prompt_target_length
+from llmfoundry.data.preprocessors import PreprocessingError, describe_preprocessor, resolve_preprocessor
 from llmfoundry.data.safe_load import check_files, check_folder, safe_dataset_folder
 from llmfoundry.data.sources import iter_records, load_hf_split, mp_context
-from llmfoundry.data.text import IGNORE_INDEX, StreamingOptions, WorkerCount, dataloader_problems
+from llmfoundry.data.text import IGNORE_INDEX
 
 log = logging.getLogger(__name__)
 
@@ -60,116 +51,6 @@ CHATML_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 ROLES = ("system", "user", "assistant", "tool")
-
-
-@dataclass
-class FinetuningDatasetSettings(StreamingOptions):
-    """``train_loader.dataset`` for ``name: finetuning``."""
-
-    shuffle_seed: int | None = option(
-        None, "seed of the shuffle (none = llm-foundry's defaults: 9176 for MDS shards, streaming's own; 0 for "
-        "hf_name records, its sampler's)"
-    )
-    hf_name: str | None = option(None, "a hub id, a local dataset folder, 'json' (with hf_kwargs.data_files), or s3://folder")
-    hf_kwargs: dict[str, Any] = option(default_factory=dict, doc="passed to datasets.load_dataset (e.g. data_files)")
-    preprocessing_fn: str | dict[str, str] | None = option(
-        None, "how raw records become examples: a registered name (unset: the one registered for hf_name, e.g. "
-        "tatsu-lab/alpaca), module:function, or a column mapping {prompt: COLUMN, response: COLUMN}"
-    )
-    safe_load: bool | None = option(
-        None, "read only .csv/.json/.jsonl/.parquet files (a hub dataset is downloaded with only those); no loading "
-        "scripts, pickle or arrow files",
-        differs="with hf_name json/csv/parquet (data_files, data_dir) or a local .jsonl file, the files' types are "
-        "checked and read (llm-foundry tries to download such a name from the hub and fails)",
-    )
-    eos_token_id: int | None = option(
-        None, "accepted from llm-foundry recipes and unused, as there: responses end with the tokenizer's EOS (a "
-        "different id prints a notice)"
-    )
-    mapping: dict[str, Any] | None = option(
-        None, "not an llm-foundry finetuning key (it ignores it): map columns with preprocessing_fn: "
-        "{prompt: COLUMN, response: COLUMN}",
-        differs="an error here; llm-foundry warns that it is an extraneous key and ignores it",
-    )
-    max_seq_len: PositiveInt = option(2048, "tokens per row; longer examples are truncated")
-    decoder_only_format: bool = option(
-        True, "prompt and response in one sequence; false: encoder-decoder batches for model.name hf_t5 (context -> "
-        "input_ids, the last response -> labels and the decoder's inputs; no packing)"
-    )
-    target_prompts: str = option("none", "which prompt tokens carry loss: none, all, or length>=N")
-    target_responses: Literal["last", "all"] = option("last", "which responses carry loss: the last turn's or all")
-    packing_ratio: float | Literal["auto"] | None = option(
-        None, "examples per row when packing (a number >= 1), auto (largest ratio with no waste), or null (no packing)"
-    )
-    # --- packing keys (owned by data/finetuning_loader.py and data/packing.py, which read them) ---
-    max_leftover_bins_to_keep: int | None = option(
-        None, "with packing: how many packed rows that did not fit a batch carry over into the next (fullest "
-        "first; null: all, 0: none, the rest are never trained)"
-    )
-    auto_packing_replication: int | None = option(
-        None, "accepted from llm-foundry, without effect (it sets this key itself while profiling packing_ratio: auto)"
-    )
-    # --- end of packing keys ---
-    allow_pad_trimming: bool = option(False, "pad a batch only to its longest row instead of max_seq_len")
-    pad_token_id: int | None = option(None, "id used for padding (default: the tokenizer's pad, else EOS)")
-
-    def __post_init__(self) -> None:
-        if self.shuffle_seed is None:  # llm-foundry: StreamingFinetuningDataset's 9176, DistributedSampler's 0
-            self.shuffle_seed = 9176 if self.is_mds else 0
-
-    @property
-    def is_mds(self) -> bool:
-        """Whether the examples are MDS shards (remote/local/streams) rather than records to tokenize."""
-        return self.remote is not None or self.local is not None or bool(self.streams)
-
-    def check_settings(self, path: str) -> list[str]:
-        problems = super().check_settings(path)
-        if self.is_mds and self.hf_name:
-            problems.append(f"{path}: set hf_name or remote/local/streams, not both")
-        elif self.is_mds:  # llm-foundry refuses these with MDS data too (eos_token_id: streaming's TypeError)
-            stray = {"hf_kwargs": bool(self.hf_kwargs), "preprocessing_fn": self.preprocessing_fn is not None,
-                     "safe_load": self.safe_load is not None, "eos_token_id": self.eos_token_id is not None}
-            problems += [f"{path}.{name}: applies to hf_name records, not MDS data (remote/local/streams); remove it"
-                         for name, is_set in stray.items() if is_set]
-        if isinstance(self.preprocessing_fn, dict):
-            problems += column_mapping_problems(self.preprocessing_fn, f"{path}.preprocessing_fn")
-        if self.mapping is not None:
-            problems.append(f"{path}.mapping: not a key of llm-foundry's finetuning dataset (it would ignore it); "
-                            f"write the column mapping as preprocessing_fn: {{prompt: COLUMN, response: COLUMN}}")
-        try:
-            prompt_target_length(self.target_prompts, path)
-        except ConfigError as error:
-            problems.append(str(error))
-        ratio = self.packing_ratio
-        if ratio is not None and not self.decoder_only_format:
-            problems.append(f"{path}.packing_ratio: packing needs decoder_only_format: true")
-        elif ratio == "auto" and self.is_mds:
-            problems.append(f"{path}.packing_ratio: 'auto' needs hf_name data; set a number for MDS data")
-        elif ratio not in (None, "auto") and ratio < 1:
-            problems.append(f"{path}.packing_ratio: expected >= 1 (examples per row), got {ratio}")
-        if self.max_leftover_bins_to_keep is not None and (ratio is None or self.max_leftover_bins_to_keep < 0):
-            problems.append(f"{path}.max_leftover_bins_to_keep: needs packing_ratio set and a value >= 0 (got "
-                            f"{self.max_leftover_bins_to_keep}, packing_ratio {ratio}); set both or remove it")
-        if not self.decoder_only_format and (self.target_prompts != "none" or self.target_responses != "last"):
-            problems.append(f"{path}.decoder_only_format: false makes the last response the labels; leave "
-                            "target_prompts none and target_responses last")
-        return problems
-
-
-@dataclass
-class FinetuningLoaderSettings:
-    """``train_loader`` / ``eval_loader`` with ``name: finetuning``."""
-
-    dataset: FinetuningDatasetSettings = option(default_factory=FinetuningDatasetSettings, doc="the examples")
-    drop_last: bool = option(True, "drop the last incomplete batch of an epoch")
-    num_workers: WorkerCount = option(0, "DataLoader worker processes")
-    prefetch_factor: int | None = option(None, "batches each worker loads ahead (needs num_workers > 0)")
-    pin_memory: bool = option(False, "pin batches in page-locked memory")
-    persistent_workers: bool = option(False, "keep workers alive between epochs (needs num_workers > 0)")
-    timeout: float = option(0, "seconds to wait for a batch from a worker (0: forever)")
-
-    def check_settings(self, path: str) -> list[str]:
-        return dataloader_problems(self, path)
 
 
 # ----------------------------------------------------------------------------------------------- reading examples
@@ -293,18 +174,6 @@ def tokenize_example(tokenizer, example: dict, where: str) -> list[tuple[list[in
     if out and (not out[-1][1] or out[-1][1][-1] != eos):
         out[-1][1].append(eos)
     return out
-
-
-def prompt_target_length(rule: str, key: str) -> float:
-    """The shortest prompt, in tokens, that carries loss under the ``target_prompts`` rule (inf for none)."""
-    if rule == "none":
-        return math.inf
-    if rule == "all":
-        return 0
-    match = re.fullmatch(r"length>=(\d+)", rule.replace(" ", ""))
-    if not match:
-        raise ConfigError(f"{key}.target_prompts: expected none, all or length>=N, got '{rule}'")
-    return int(match.group(1))
 
 
 def build_example(turns, ds: FinetuningDatasetSettings, key: str) -> dict[str, list[int]] | None:

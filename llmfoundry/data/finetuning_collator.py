@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from llmfoundry.data.finetuning import FinetuningDatasetSettings
+from llmfoundry.data.loader_settings import FinetuningDatasetSettings
 from llmfoundry.data.text import IGNORE_INDEX
 
 Example = dict[str, list[int]]

@@ -20,12 +20,12 @@ import torch
 from llmfoundry.core import dist
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.core.notices import notice_once
-from llmfoundry.data.finetuning import FinetuningDataset, FinetuningLoaderSettings
+from llmfoundry.data.finetuning import FinetuningDataset
 from llmfoundry.data.finetuning_collator import FinetuningCollator
+from llmfoundry.data.loader_settings import FinetuningLoaderSettings
 from llmfoundry.data.packing import BinPacker, auto_packing_ratio, examples_per_batch, profiled_example_count
 from llmfoundry.data.streaming_guard import import_streaming
 from llmfoundry.data.text import EndsAbandonedEpochs, dataloader_kwargs, make_streaming_dataset
-from llmfoundry.registry import dataloaders
 
 log = logging.getLogger(__name__)
 streaming = import_streaming()  # through the guard: streaming must import without a working torchvision
@@ -263,7 +263,6 @@ def _smallest_over_ranks(ratio: float) -> float:
     return ratio
 
 
-@dataloaders.register("finetuning", config=FinetuningLoaderSettings)
 def build_finetuning_dataloader(settings: FinetuningLoaderSettings, tokenizer, device_batch_size: int, *,
                                 key: str = "train_loader"):
     """Batches of the validated ``settings`` (see FinetuningDatasetSettings.check_settings for what is checked).

@@ -21,6 +21,7 @@ of ``input_ids`` (B, T) long, ``labels`` (B, T) long (a copy of input_ids, -100 
 ``sequence_id`` (B, T) when ``eos_token_id`` or ``bos_token_id`` is set, and ``attention_mask`` when a batch
 holds padding. The loader's ``state_dict()`` is streaming's global sample position (epoch, sample_in_epoch,
 num_canonical_nodes, shuffle_seed), so a run resumed on a different number of ranks neither repeats nor skips.
+The loader's settings are in loader_settings.py.
 """
 
 from __future__ import annotations
@@ -29,145 +30,20 @@ import hashlib
 import os
 import tempfile
 import threading
-from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
 
-from llmfoundry.config.checks import PositiveInt
-from llmfoundry.config.fields import option
-from llmfoundry.config.validate import Check
 from llmfoundry.core import dist, objectstore
 from llmfoundry.core.errors import ConfigError
+from llmfoundry.data.loader_settings import StreamingOptions, TextLoaderSettings
 from llmfoundry.data.shard_check import check_local_shards
 from llmfoundry.data.shm_registration import shm_registration_lock
 from llmfoundry.data.streaming_guard import import_streaming
-from llmfoundry.registry import dataloaders
 
 IGNORE_INDEX = -100
 streaming = import_streaming()  # through the guard: streaming must import without a working torchvision
-
-
-# ----------------------------------------------------------------------------------------------- settings
-@dataclass
-class StreamSettings:
-    """One MDS source among several (``dataset.streams.<name>``)."""
-
-    remote: str | None = option(None, "where the shards live: s3://bucket/path (endpoint from S3_ENDPOINT_URL) or a folder")
-    local: str | None = option(None, "local folder for the shards (the data itself when remote is unset; a cache otherwise)")
-    split: str | None = option(None, "sub-folder of remote/local to read (e.g. train, val)")
-    proportion: float | None = option(None, "share of each epoch drawn from this stream (others derived)")
-    repeat: float | None = option(None, "times each sample of this stream is seen per epoch (e.g. 0.5, 2)")
-    choose: int | None = option(None, "number of samples drawn from this stream per epoch")
-    download_retry: int | None = option(None, "download attempts per shard (default: the dataset's)")
-    download_timeout: float | None = option(None, "seconds before a shard download fails (default: the dataset's)")
-    validate_hash: str | None = option(None, "hash algorithm to verify shards with (e.g. sha1)")
-    keep_zip: bool | None = option(None, "keep compressed shards after decompressing them")
-
-
-@dataclass
-class StreamingOptions:
-    """streaming's StreamingDataset options (shared by the text and finetuning loaders)."""
-
-    remote: str | None = option(None, "where the shards live: s3://bucket/path (endpoint from S3_ENDPOINT_URL) or a folder")
-    local: str | None = option(None, "local folder with the shards (the data itself when remote is unset; a cache otherwise)")
-    split: str | None = option(None, "sub-folder of remote/local to read (e.g. train, val)")
-    streams: dict[str, StreamSettings] | None = option(None, "several sources mixed into one epoch, by name")
-    shuffle: bool = option(False, "shuffle samples (deterministically, from shuffle_seed)")
-    shuffle_seed: int = option(9176, "seed of the shuffle; the same seed gives the same order on any number of ranks")
-    shuffle_algo: Literal["py1e", "py1br", "py1b", "py1s", "py2s", "naive"] = option("py1e", "streaming's shuffle algorithm")
-    shuffle_block_size: int | None = option(None, "samples per shuffle block (default: streaming's)")
-    num_canonical_nodes: int | None = option(None, "canonical nodes of the sample partition (keep it fixed across resumes)")
-    partition_algo: str = option("relaxed", "streaming's partition algorithm")
-    sampling_method: Literal["balanced", "fixed"] = option("balanced", "how stream proportions are sampled per epoch")
-    sampling_granularity: int = option(1, "samples drawn from a shard at a time when sampling streams")
-    batching_method: Literal["random", "stratified", "per_stream", "device_per_stream"] = option(
-        "random", "how samples of several streams form batches"
-    )
-    epoch_size: int | None = option(None, "samples per epoch (default: every sample of every stream once)")
-    predownload: int | None = option(None, "samples to download ahead per worker")
-    cache_limit: str | None = option(None, "bytes of shards to keep locally (e.g. 10gb); older ones are evicted")
-    download_retry: int = option(2, "download attempts per shard")
-    download_timeout: float = option(60, "seconds before a shard download fails")
-    validate_hash: str | None = option(None, "hash algorithm to verify shards with (e.g. sha1)")
-    keep_zip: bool = option(False, "keep compressed shards after decompressing them")
-    replication: int | None = option(None, "ranks that see the same samples (sequence parallelism)")
-    allow_unsafe_types: bool = option(
-        False, "read shards with pickle (pkl) columns, which can run code when loaded; false refuses them"
-    )
-
-    def check_settings(self, path: str) -> list[str]:
-        if self.streams and (self.remote is not None or self.local is not None):
-            return [f"{path}: set either streams or remote/local, not both"]
-        # A URL of a store we cannot read (gs://, oci://, Azure, hf://, dbfs:) is an error, never a local folder.
-        remotes = [(f"{path}.remote", self.remote)]
-        remotes += [(f"{path}.streams.{name}.remote", s.remote) for name, s in (self.streams or {}).items()]
-        return [problem for key, url in remotes for problem in url_problems(url, key)]
-
-
-def url_problems(url: str | None, key: str) -> list[str]:
-    """The one-line error for an object-store URL other than s3:// under ``key`` (none for s3:// or a path)."""
-    if not objectstore.is_remote(url):
-        return []
-    try:
-        objectstore.check_url(url, key)
-    except ConfigError as error:
-        return [str(error)]
-    return []
-
-
-@dataclass
-class TextDatasetSettings(StreamingOptions):
-    """``train_loader.dataset`` for ``name: text``."""
-
-    max_seq_len: PositiveInt = option(2048, "tokens per sample: longer samples are truncated, shorter ones padded")
-    eos_token_id: int | None = option(None, "documents end with this token: sequence_id restarts after it")
-    bos_token_id: int | None = option(None, "documents start with this token: sequence_id restarts at it")
-    pad_token_id: int | None = option(None, "id used to pad short samples (default: the tokenizer's pad, else EOS)")
-    token_encoding_type: Literal["auto", "int64", "int32", "uint16"] = option(
-        "auto", "dtype of a legacy `bytes` column (auto: int64)"
-    )
-    vocab_size: int | None = option(None, "if set, a token id >= vocab_size in any batch is an error")
-
-    def check_settings(self, path: str) -> list[str]:
-        problems = super().check_settings(path)
-        if self.eos_token_id is not None and self.bos_token_id is not None:
-            problems.append(f"{path}: set eos_token_id or bos_token_id, not both")
-        return problems
-
-
-def _not_negative(value: int) -> None:
-    if value < 0:
-        raise ValueError(f"expected >= 0, got {value}")
-
-
-WorkerCount = Annotated[int, Check(_not_negative)]
-
-
-def dataloader_problems(settings: Any, path: str) -> list[str]:
-    """What is wrong with the torch DataLoader options of a loader section (its ``check_settings``)."""
-    if settings.num_workers > 0:
-        return []
-    needs_workers = {"prefetch_factor": settings.prefetch_factor is not None,
-                     "persistent_workers": settings.persistent_workers}
-    return [f"{path}.{name}: needs num_workers > 0 (it is 0)" for name, is_set in needs_workers.items() if is_set]
-
-
-@dataclass
-class TextLoaderSettings:
-    """``train_loader`` / ``eval_loader`` with ``name: text``."""
-
-    dataset: TextDatasetSettings = option(default_factory=TextDatasetSettings, doc="the MDS data and how to read it")
-    drop_last: bool = option(True, "drop the last incomplete batch of an epoch")
-    num_workers: WorkerCount = option(0, "DataLoader worker processes")
-    prefetch_factor: int | None = option(None, "batches each worker loads ahead (needs num_workers > 0; default 2)")
-    pin_memory: bool = option(False, "pin batches in page-locked memory (faster host-to-GPU copies)")
-    persistent_workers: bool = option(False, "keep workers alive between epochs (needs num_workers > 0)")
-    timeout: float = option(0, "seconds to wait for a batch from a worker (0: forever)")
-
-    def check_settings(self, path: str) -> list[str]:
-        return dataloader_problems(self, path)
 
 
 # ----------------------------------------------------------------------------------------------- local folders
@@ -460,7 +336,6 @@ def dataloader_kwargs(settings: Any) -> dict[str, Any]:
     return kwargs
 
 
-@dataloaders.register("text", config=TextLoaderSettings)
 def build_text_dataloader(settings: TextLoaderSettings, tokenizer, device_batch_size: int, *, key: str = "train_loader"):
     """A StreamingDataLoader of pretraining batches (see the module docstring) from validated ``settings`` (see the
     sections' ``check_settings``)."""

@@ -21,7 +21,6 @@ from llmfoundry.core import objectstore
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.core.notices import notice_once
 from llmfoundry.launch.recipe import resolved_recipe
-from llmfoundry.launch.ray_worker import train_worker
 from llmfoundry.train.recipe import cuda_environment, load_train_config
 from llmfoundry.train.compat import device_batch_size
 
@@ -106,6 +105,8 @@ def run(recipe: dict, job: RayJob, env: dict[str, str] | None = None):
     import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
+
+    from llmfoundry.launch.ray_worker import train_worker  # the trainer's stack, loaded with Ray's (see STAGED)
 
     if not ray.is_initialized():  # a caller (a notebook, a test, ray job submit's script) may have connected
         ray.init(address=job.address)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmfoundry.core.errors import ConfigError
-from llmfoundry.train.preemption import (
+from llmfoundry.train.preemption_protocol import (
     EXIT_FILE_ENV,
     FLAG_FILE_ENV,
     REQUEUE_EXIT_CODE,

@@ -13,62 +13,22 @@ from __future__ import annotations
 import functools
 import pickle
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from huggingface_hub import snapshot_download
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, BitsAndBytesConfig, GenerationConfig
 
-from llmfoundry.config.fields import option
 from llmfoundry.core.errors import ConfigError, did_you_mean, first_line, refusal_reason
 from llmfoundry.core.notices import notice_once
 from llmfoundry.models.hf_import import is_llm_foundry_mpt_folder
 from llmfoundry.models.layers.positional import segment_positions
-from llmfoundry.models.metrics import MetricSettings
-from llmfoundry.models.mpt import MPTConfig, MPTForCausalLM  # importing it lets the Auto classes open our MPT
+from llmfoundry.models.mpt.config import MPTConfig
+from llmfoundry.models.mpt.model import MPTForCausalLM  # importing it lets the Auto classes open our MPT
 from llmfoundry.models.pretrained_weights import PretrainedWeights, safetensors_files
-from llmfoundry.registry import models
-
-
-@dataclass
-class HFModelSettings(MetricSettings):  # MetricSettings: use_train_metrics, ...
-    pretrained_model_name_or_path: str = option(doc="a local folder (or a hub id when online)")
-    pretrained: bool = option(True, "load the pretrained weights (false: random weights from the config)")
-    config_overrides: dict[str, Any] = option({}, "values that replace keys of the model's config.json")
-    trust_remote_code: bool = option(False, "allow running modelling code shipped inside the folder")
-    use_flash_attention_2: bool = option(False, "shorthand for attn_implementation: flash_attention_2")
-    attn_implementation: str | None = option(None, "transformers attention backend: eager, sdpa, flash_attention_2")
-    peft_config: dict[str, Any] | None = option(
-        None, "LoRA adapters via peft: {peft_type: LORA, r: 8, lora_alpha: 16, target_modules: [...], ...}"
-    )
-    init_device: Literal["cpu", "mixed", "meta"] = option(
-        "cpu", "cpu: every rank reads the whole model. mixed / meta: the model is built without storage and each "
-        "rank reads only its own FSDP shards from the folder's safetensors (about one copy per node)",
-        differs="mixed: rank 0 does not read the full model; every rank reads its shards. meta with pretrained: "
-        "the weights are read into the shards (llm-foundry refuses the combination)",
-    )
-    use_auth_token: str | bool | None = option(
-        None, "Hugging Face hub token (or true: the saved login) for gated or private hub models", secret=True
-    )
-    load_in_8bit: bool = option(False, "8-bit weights through bitsandbytes (needs a CUDA GPU and bitsandbytes)")
-    pretrained_lora_id_or_path: str | None = option(
-        None, "a trained LoRA adapter (peft folder) to continue training: loaded trainable on the base model"
-    )
-    allow_embedding_resizing: bool = option(
-        False, "grow the embedding to the tokenizer's size when the tokenizer has more tokens (otherwise an error)"
-    )
-    attn_uses_sequence_id: bool = option(
-        False, "with packed data: keep packed examples apart (positions restart per example, no attention across "
-        "them); false: they attend to each other with positions running on, as llm-foundry trains such models",
-        differs="not an llm-foundry key: llm-foundry always trains as with false (Composer drops sequence_id for "
-        "models whose forward does not name it)",
-    )
-    should_save_peft_only: bool = option(
-        True, "with LoRA: checkpoints hold only the adapter weights (the base comes from the pretrained folder)",
-    )
+from llmfoundry.models.settings import HFModelSettings
 
 
 class HFCausalLM(nn.Module):
@@ -398,6 +358,6 @@ def _adapter_key(name: str) -> list[str]:
     return []
 
 
-@models.register("hf_causal_lm", config=HFModelSettings)
 def build_hf_causal_lm(settings: HFModelSettings, tokenizer) -> HFCausalLM:
+    """The `hf_causal_lm` builder (declared in models/catalog.py)."""
     return load_hf_causal_lm(settings, tokenizer)

@@ -43,9 +43,9 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.core.precision import DTYPES
-from llmfoundry.models.layers.ffn import DEFAULT_ACT_FN
-from llmfoundry.models.layers.moe import MEGABLOCKS_ACT_FN, MEGABLOCKS_TYPES, is_moe, loss_weight
-from llmfoundry.models.mpt.config import MPTArch
+from llmfoundry.models.layers.act_fn import DEFAULT_ACT_FN
+from llmfoundry.models.layers.moe_keys import MEGABLOCKS_ACT_FN, MEGABLOCKS_TYPES, is_moe, loss_weight
+from llmfoundry.models.mpt.arch import MPTArch
 from llmfoundry.models.mpt.model import MPTForCausalLM
 
 # activation spec (ffn_config.ffn_act_fn) -> transformers' ACT2FN names

@@ -27,14 +27,15 @@ from llmfoundry.models.hf_export import (
     DBRX_NO_CLIP,
     GPT2_BLOCK_LAYERS,
 )
-from llmfoundry.models.layers.positional import ROPE_SCALING_KEYS
+from llmfoundry.models.layers.rope_scaling import ROPE_SCALING_KEYS
 from llmfoundry.models.llm_foundry_mpt import (
     arch_from_llm_foundry,
     is_llm_foundry_mpt,
     read_weights,
     state_from_llm_foundry,
 )
-from llmfoundry.models.mpt.config import MPTArch, MPTConfig, from_dict
+from llmfoundry.models.mpt.arch import MPTArch, from_dict
+from llmfoundry.models.mpt.config import MPTConfig
 from llmfoundry.models.mpt.model import MPTForCausalLM
 
 # transformers' ACT2FN names -> activation spec (ffn_config.ffn_act_fn)

@@ -11,50 +11,15 @@ order they run (encoder first), so forward prefetching follows the computation.
 from __future__ import annotations
 
 import pickle
-from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
 
 import torch
 from torch import nn
 from transformers import AutoConfig, T5ForConditionalGeneration
 
-from llmfoundry.config.fields import option
 from llmfoundry.core.errors import ConfigError, first_line
 from llmfoundry.core.notices import notice_once
 from llmfoundry.models.hf import HFCausalLM, apply_config_overrides
-from llmfoundry.models.metrics import MetricSettings
-from llmfoundry.registry import models
-
-
-@dataclass
-class HFT5Settings(MetricSettings):  # MetricSettings: use_train_metrics, additional_train_metrics, ...
-    # read by the recipe checks (train/encoder_decoder.py): this model takes encoder-decoder batches only
-    is_encoder_decoder: ClassVar[bool] = True
-
-    pretrained_model_name_or_path: str = option(doc="a local T5 folder (or a hub id such as t5-small when online)")
-    pretrained: bool = option(True, "load the pretrained weights (false: random weights from the config)")
-    config_overrides: dict[str, Any] = option({}, "values that replace keys of the model's config.json")
-    trust_remote_code: bool = option(
-        False, "allow running code shipped inside the folder while its config is read",
-        differs="false by default (llm-foundry: true); the model class is transformers' T5ForConditionalGeneration "
-        "either way, so it only matters for a folder whose config needs its own code",
-    )
-    use_auth_token: str | bool | None = option(
-        None, "Hugging Face hub token (or true: the saved login) for gated or private hub models", secret=True
-    )
-    init_device: Literal["cpu", "mixed", "meta"] = option(
-        "cpu", "cpu: every rank builds the whole model. meta: built without storage and initialised after "
-        "sharding (needs pretrained: false, as in llm-foundry). mixed: meta without pretrained weights; with them, "
-        "every rank reads the folder",
-        differs="mixed with pretrained: every rank reads the pretrained folder (llm-foundry reads it on rank 0 and "
-        "broadcasts it)",
-    )
-
-    def check_settings(self, path: str) -> list[str]:
-        if self.init_device == "meta" and self.pretrained:
-            return [f"{path}.init_device: 'meta' cannot load pretrained weights for hf_t5 (as in llm-foundry); set "
-                    "pretrained: false, or init_device: cpu or mixed"]
-        return []
+from llmfoundry.models.settings import HFT5Settings
 
 
 class HFT5(HFCausalLM):
@@ -139,6 +104,6 @@ def _check_decoder_start(model: nn.Module, tokenizer) -> None:
                     f"the model's decoder_start_token_id is {start}")
 
 
-@models.register("hf_t5", config=HFT5Settings)
 def build_hf_t5(settings: HFT5Settings, tokenizer) -> HFT5:
+    """The `hf_t5` builder (declared in models/catalog.py)."""
     return load_hf_t5(settings, tokenizer)

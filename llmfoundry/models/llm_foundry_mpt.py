@@ -25,8 +25,9 @@ from safetensors.torch import load_file
 from transformers import PretrainedConfig
 
 from llmfoundry.core.errors import ConfigError, first_line
-from llmfoundry.models.layers.moe import MOE_KEYS, expert_weight_from_llm_foundry, is_moe
-from llmfoundry.models.mpt.config import ARCH_KEYS, MPTArch, from_dict
+from llmfoundry.models.layers.moe import expert_weight_from_llm_foundry
+from llmfoundry.models.layers.moe_keys import MOE_KEYS, is_moe
+from llmfoundry.models.mpt.arch import ARCH_KEYS, MPTArch, from_dict
 
 # Keys that only an llm-foundry MPTConfig writes (transformers' MptConfig has none of them).
 _LLM_FOUNDRY_ONLY_KEYS = ("ffn_config", "norm_eps", "fc_type", "init_config", "auto_map")

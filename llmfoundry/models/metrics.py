@@ -14,61 +14,20 @@ registered name            logged as                 value over a batch (or a wh
 A model's ``use_train_metrics`` (default true, as llm-foundry) logs the defaults (``language_cross_entropy``,
 ``language_perplexity``, ``token_accuracy``) and ``additional_train_metrics`` on every training batch as
 ``metrics/train/<Name>``, computed from the training forward pass itself (dropout on), as Composer does. Every
-sum is taken over the whole global batch: all microbatches and all ranks.
+sum is taken over the whole global batch: all microbatches and all ranks. The names and those keys
+(``MetricSettings``) are in models/settings.py, which the recipe schema reads without torch.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Any
 
 import torch
 
-from llmfoundry.config.fields import option
-from llmfoundry.config.validate import Check
 from llmfoundry.core import dist
 from llmfoundry.models.loss import causal_lm_loss, count_correct_tokens, count_target_tokens
-
-# llm-foundry's registered name -> the class name its value is logged under
-LANGUAGE_METRICS = {
-    "language_cross_entropy": "LanguageCrossEntropy",
-    "language_perplexity": "LanguagePerplexity",
-    "token_accuracy": "TokenAccuracy",
-    "masked_accuracy": "MaskedAccuracy",
-}
-DEFAULT_METRICS = ("language_cross_entropy", "language_perplexity", "token_accuracy")
-# llm-foundry's ICL metrics: accepted in additional_*_metrics; ICL tasks choose theirs with metric_names
-ICL_METRICS = ("lm_accuracy", "mc_accuracy", "qa_accuracy", "lm_expected_calibration_error",
-               "mc_expected_calibration_error")
-
-
-def _check_metric_names(names: list[str]) -> None:
-    unknown = [n for n in names if n not in LANGUAGE_METRICS and n not in ICL_METRICS]
-    if unknown:
-        raise ValueError(f"unknown metric {', '.join(map(repr, unknown))}; choose from "
-                         f"{', '.join([*LANGUAGE_METRICS, *ICL_METRICS])}")
-
-
-MetricNames = Annotated[list[str], Check(_check_metric_names)]
-
-
-@dataclass(kw_only=True)  # keyword-only: mixes into settings whose first fields have no default
-class MetricSettings:
-    """The metric keys of a ``model:`` section (llm-foundry's ComposerMPTCausalLM / ComposerHFCausalLM)."""
-
-    use_train_metrics: bool = option(
-        True, "log metrics/train/LanguageCrossEntropy, LanguagePerplexity and TokenAccuracy on every training "
-        "batch (from the training forward pass, over the whole global batch)"
-    )
-    additional_train_metrics: MetricNames = option(
-        [], "more metrics for training batches and eval loaders, by llm-foundry's registered name (masked_accuracy; "
-        "ICL metric names are accepted and apply to ICL tasks through their metric_names)"
-    )
-    additional_eval_metrics: MetricNames = option(
-        [], "more metrics for eval loaders, by llm-foundry's registered name (masked_accuracy; ICL metric names are "
-        "accepted and apply to ICL tasks through their metric_names)"
-    )
+from llmfoundry.models.settings import DEFAULT_METRICS, LANGUAGE_METRICS
 
 
 def _setting(model_settings: Any, key: str, default: Any) -> Any:

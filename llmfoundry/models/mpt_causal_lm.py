@@ -17,18 +17,18 @@ from llmfoundry.core.errors import ConfigError
 from llmfoundry.core.notices import notice_once
 from llmfoundry.models.hf_import import arch_from_transformers, load_as_mpt
 from llmfoundry.models.mpt.act_ckpt import mark_checkpointed
-from llmfoundry.models.mpt.config import MPTArch, MPTConfig, MPTModelSettings, to_dict
+from llmfoundry.models.mpt.arch import MPTArch, MPTModelSettings, to_dict
+from llmfoundry.models.mpt.config import MPTConfig
 from llmfoundry.models.mpt.model import MPTForCausalLM
 from llmfoundry.models.pretrained_weights import PretrainedWeights, safetensors_files
-from llmfoundry.registry import models
 
 # Options that may differ from a pretrained folder's config: they change how the network runs, not what it is.
 RUNTIME_KEYS = ("init_device", "resid_pdrop", "emb_pdrop", "use_cache")
 RUNTIME_ATTN_KEYS = ("attn_impl", "attn_pdrop", "attn_uses_sequence_id")
 
 
-@models.register("mpt_causal_lm", config=MPTModelSettings)
 def build_mpt(settings: MPTModelSettings, tokenizer) -> MPTForCausalLM:
+    """The `mpt_causal_lm` builder (declared in models/catalog.py)."""
     arch = settings.arch()  # validated with the recipe; not checked again
     if settings.loss_fn == "fused_crossentropy":
         notice_once("model.loss_fn: fused_crossentropy has no fused kernel here; training uses the plain "

@@ -4,30 +4,20 @@ gradient_clipping follows Composer's: norm (the global norm), value (each elemen
 unit, i.e. each output row of a weight or a whole bias, is scaled so that its gradient norm is at most
 clipping_threshold times its weight norm). Composer's model-surgery algorithms (alibi, gated_linear_units,
 low_precision_layernorm) are model keys here, so naming them is an error that says which key to set.
+
+The names are declared in train/catalog.py and their settings live in train/algorithm_settings.py.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch.distributed.tensor import DTensor
 
-from llmfoundry.config.fields import option
 from llmfoundry.core.errors import ConfigError
-from llmfoundry.registry import algorithms
-
-
-@dataclass
-class GradientClippingSettings:
-    clipping_type: Literal["norm", "value", "adaptive"] = option(
-        "norm", "norm = clip the global gradient norm; value = clip each gradient element (under FSDP, as Composer: "
-        "scale all gradients so the largest magnitude is the threshold); adaptive = clip each unit's gradient norm "
-        "to clipping_threshold times its weight norm (AGC)"
-    )
-    clipping_threshold: float = option(1.0, "the maximum norm, absolute value, or gradient/weight norm ratio")
+from llmfoundry.train.algorithm_settings import GradientClippingSettings
 
 
 class GradientClipping:
@@ -113,49 +103,9 @@ def clip_adaptive_(param: torch.Tensor, threshold: float) -> None:
     grad.mul_(coeff.to(grad.dtype))
 
 
-@algorithms.register("gradient_clipping", config=GradientClippingSettings)
 def build_gradient_clipping(settings: GradientClippingSettings) -> GradientClipping:
     return GradientClipping(settings)
 
 
-SURGERY = {
-    "alibi": "model.attn_config.alibi: true",
-    "gated_linear_units": "model.ffn_config.ffn_type: mptglu (model.ffn_config.ffn_act_fn picks the gate)",
-    "low_precision_layernorm": "model.norm_type: low_precision_layernorm",
-}
-
-
-class _Surgery:
-    """Composer's model-surgery algorithms: their keys are accepted so that the error below is the one reported."""
-
-    def check_settings(self, path: str) -> list[str]:
-        name = path.rsplit(".", 1)[-1]
-        return [f"{path}: Composer's model surgery is not done here: remove it and, on mpt_causal_lm, set "
-                f"{SURGERY[name]} (an hf_causal_lm model cannot be changed: use mpt_causal_lm with that key)"]
-
-
-@dataclass
-class AlibiSettings(_Surgery):
-    max_sequence_length: Any = option(None, "Composer's key (refused with the algorithm)")
-    train_sequence_length_scaling: Any = option(None, "Composer's key (refused with the algorithm)")
-
-
-@dataclass
-class GatedLinearUnitsSettings(_Surgery):
-    act_fn: Any = option(None, "Composer's key (refused with the algorithm)")
-    gated_layer_bias: Any = option(None, "Composer's key (refused with the algorithm)")
-    non_gated_layer_bias: Any = option(None, "Composer's key (refused with the algorithm)")
-
-
-@dataclass
-class LowPrecisionLayerNormSettings(_Surgery):
-    apply_at_fit_start: Any = option(None, "Composer's key (refused with the algorithm)")
-
-
-def _refuse(settings: _Surgery):
+def _refuse(settings: Any):
     raise ValueError("model-surgery algorithms are refused when the recipe is validated")
-
-
-algorithms.register("alibi", config=AlibiSettings)(_refuse)
-algorithms.register("gated_linear_units", config=GatedLinearUnitsSettings)(_refuse)
-algorithms.register("low_precision_layernorm", config=LowPrecisionLayerNormSettings)(_refuse)

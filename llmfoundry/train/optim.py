@@ -5,60 +5,26 @@ clip_lion and adalr_lion are llm-foundry's outlier-aware Lion variants: each par
 2 * 500 and 500 observations ago. clip_lion rescales an outlier gradient to threshold * that mean; adalr_lion
 multiplies the parameter's learning rate by lr_penalty per outlier of the last `timeout` steps. The history is
 kept in tensors, so it is saved in and restored from checkpoints with the rest of the optimizer state.
+
+The names are declared in train/catalog.py and their settings live in train/optim_settings.py.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from llmfoundry.config.checks import Betas, NonNegativeFloat, PositiveFloat, PositiveInt
-from llmfoundry.config.fields import option
 from llmfoundry.core.errors import ConfigError
-from llmfoundry.registry import optimizers
-
-
-@dataclass
-class ParamGroup:
-    param_str_match: str = option(doc="regular expression; parameters whose names match join this group")
-    lr: NonNegativeFloat | None = option(None, "learning rate of the group (default: the optimizer's)")
-    weight_decay: NonNegativeFloat | None = option(None, "weight decay of the group (default: the optimizer's)")
-
-
-@dataclass
-class AdamSettings:
-    lr: NonNegativeFloat = option(1e-4, "peak learning rate")
-    betas: Betas = option([0.9, 0.95], "Adam beta1, beta2")
-    eps: PositiveFloat = option(1e-8, "Adam epsilon")
-    weight_decay: NonNegativeFloat = option(0.0, "weight decay")
-    param_groups: list[ParamGroup] = option(default_factory=list, doc="per-parameter-name overrides")
-    disable_grad: str | list[str] | None = option(None, "regex (or list): matching parameters are frozen")
-
-
-@dataclass
-class DecoupledAdamSettings(AdamSettings):
-    """Composer's DecoupledAdamW defaults (lr 1e-3, weight_decay 1e-5)."""
-
-    lr: NonNegativeFloat = option(1e-3, "peak learning rate")
-    weight_decay: NonNegativeFloat = option(1e-5, "decoupled weight decay: weights shrink by wd * lr_t / lr_0 a step")
-    amsgrad: bool = option(False, "AMSGrad: divide by the running maximum of the second moment")
-
-
-@dataclass
-class TorchAdamSettings(AdamSettings):
-    amsgrad: bool = option(False, "AMSGrad: divide by the running maximum of the second moment")
-
-
-@dataclass
-class LionSettings:
-    lr: NonNegativeFloat = option(1e-4, "peak learning rate")
-    betas: Betas = option([0.9, 0.99], "Lion beta1 (update interpolation), beta2 (momentum decay)")
-    weight_decay: NonNegativeFloat = option(0.0, "decoupled weight decay")
-    param_groups: list[ParamGroup] = option(default_factory=list, doc="per-parameter-name overrides")
-    disable_grad: str | list[str] | None = option(None, "regex (or list): matching parameters are frozen")
+from llmfoundry.train.optim_settings import (
+    AdaLRLionSettings,
+    ClipLionSettings,
+    DecoupledAdamSettings,
+    LionSettings,
+    NoOpSettings,
+    TorchAdamSettings,
+)
 
 
 def _param_groups(settings, model: nn.Module, key: str) -> list[dict]:
@@ -88,7 +54,6 @@ def _param_groups(settings, model: nn.Module, key: str) -> list[dict]:
     return [g for g in groups if g["params"]]
 
 
-@optimizers.register("decoupled_adamw", config=DecoupledAdamSettings)
 def build_decoupled_adamw(settings: DecoupledAdamSettings, model: nn.Module) -> torch.optim.Optimizer:
     """AdamW whose weight decay follows the schedule but not the size of the learning rate.
 
@@ -105,9 +70,6 @@ def build_decoupled_adamw(settings: DecoupledAdamSettings, model: nn.Module) -> 
                              amsgrad=getattr(settings, "amsgrad", False))
 
 
-@optimizers.register("adamw", config=TorchAdamSettings, differs="llm-foundry has no 'adamw' optimizer (a recipe "
-                     "naming it fails there); here it is torch.optim.AdamW (weight decay scaled by lr, unlike "
-                     "decoupled_adamw)")
 def build_adamw(settings: TorchAdamSettings, model: nn.Module) -> torch.optim.Optimizer:
     groups = _param_groups(settings, model, "optimizer")
     return torch.optim.AdamW(groups, lr=settings.lr, betas=tuple(settings.betas), eps=settings.eps,
@@ -258,38 +220,17 @@ class NoOp(torch.optim.Optimizer):
         return None
 
 
-@dataclass
-class ClipLionSettings(LionSettings):
-    outlier_threshold: PositiveFloat = option(5.0, "a gradient norm above this times the delayed mean is clipped to it")
-
-
-@dataclass
-class AdaLRLionSettings(LionSettings):
-    outlier_threshold: PositiveFloat = option(10.0, "a momentum norm above this times the delayed mean is an outlier")
-    timeout: PositiveInt = option(100, "steps an outlier keeps lowering the learning rate")
-    lr_penalty: PositiveFloat = option(0.707, "lr multiplier per outlier of the last `timeout` steps")
-    min_scale: PositiveFloat = option(1e-4, "the lr is never scaled below this fraction")
-
-
-@dataclass
-class NoOpSettings:
-    """no_op takes no keys."""
-
-
-@optimizers.register("decoupled_lionw", config=LionSettings)
 def build_decoupled_lionw(settings: LionSettings, model: nn.Module) -> torch.optim.Optimizer:
     groups = _param_groups(settings, model, "optimizer")
     return DecoupledLionW(groups, lr=settings.lr, betas=tuple(settings.betas), weight_decay=settings.weight_decay)
 
 
-@optimizers.register("clip_lion", config=ClipLionSettings)
 def build_clip_lion(settings: ClipLionSettings, model: nn.Module) -> torch.optim.Optimizer:
     groups = _param_groups(settings, model, "optimizer")
     return DecoupledClipLion(groups, lr=settings.lr, betas=tuple(settings.betas), weight_decay=settings.weight_decay,
                              outlier_threshold=settings.outlier_threshold)
 
 
-@optimizers.register("adalr_lion", config=AdaLRLionSettings)
 def build_adalr_lion(settings: AdaLRLionSettings, model: nn.Module) -> torch.optim.Optimizer:
     groups = _param_groups(settings, model, "optimizer")
     return DecoupledAdaLRLion(groups, lr=settings.lr, betas=tuple(settings.betas), weight_decay=settings.weight_decay,
@@ -297,6 +238,5 @@ def build_adalr_lion(settings: AdaLRLionSettings, model: nn.Module) -> torch.opt
                               lr_penalty=settings.lr_penalty, min_scale=settings.min_scale)
 
 
-@optimizers.register("no_op", config=NoOpSettings)
 def build_no_op(settings: NoOpSettings, model: nn.Module) -> torch.optim.Optimizer:
     return NoOp([p for p in model.parameters() if p.requires_grad])

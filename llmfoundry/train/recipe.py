@@ -17,10 +17,10 @@ from llmfoundry.config.validate import Check, Component, Registered, RegisteredM
 from llmfoundry.core import objectstore
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.core.timeunits import Time, check_time
-from llmfoundry.data.prep.quickstart import PrepareDataConfig
+from llmfoundry.data.prep.quickstart_settings import PrepareDataConfig
 from llmfoundry.eval.config import GauntletConfig, ICLTaskConfig
 from llmfoundry.train import compat
-from llmfoundry.train.preemption import parse_wallclock, signal_number
+from llmfoundry.train.preemption_protocol import parse_wallclock, signal_number
 from llmfoundry.train.profiling import ProfilerConfig
 from llmfoundry.train.settings import CheckpointUploadConfig, CompileConfig, FSDPConfig, TPConfig
 

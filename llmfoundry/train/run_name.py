@@ -15,8 +15,8 @@ import dataclasses
 import os
 import re
 import time
+from collections.abc import Callable
 
-from llmfoundry.core import dist
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.train.recipe import TrainConfig
 
@@ -68,8 +68,9 @@ def with_run_name(cfg: TrainConfig, run_name: str, generated: bool = False) -> T
     return dataclasses.replace(cfg, **changes)
 
 
-def resolve_run_name(cfg: TrainConfig) -> tuple[str, TrainConfig]:
-    """(the run's name, the same on every rank; ``cfg`` with ``{run_name}`` expanded in its paths)."""
+def resolve_run_name(cfg: TrainConfig, broadcast: Callable[[str], str] = lambda name: name) -> tuple[str, TrainConfig]:
+    """(the run's name, the same on every rank: rank 0's, through ``broadcast``, e.g. core.dist.broadcast_object;
+    ``cfg`` with ``{run_name}`` expanded in its paths). This module stays free of torch: launchers use it too."""
     given = given_run_name(cfg.run_name, os.environ)
-    name = dist.broadcast_object(given or generate_run_name())
+    name = broadcast(given or generate_run_name())
     return name, with_run_name(cfg, name, generated=given is None)

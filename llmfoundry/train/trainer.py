@@ -82,7 +82,7 @@ class Trainer:
         if note:
             notice_once(note)
         # the recipe's run_name, $RUN_NAME or a generated one; {run_name} is expanded in save_folder, load_path, ...
-        self.run_name, cfg = resolve_run_name(cfg)
+        self.run_name, cfg = resolve_run_name(cfg, dist.broadcast_object)
         self.cfg = cfg
         self.time = TrainTime()
         self.history = EvalHistory()

@@ -3,7 +3,8 @@
 import json
 import sys
 
-from llmfoundry.data.text import TextDatasetSettings, TextLoaderSettings, build_text_dataloader
+from llmfoundry.data.loader_settings import TextDatasetSettings, TextLoaderSettings
+from llmfoundry.data.text import build_text_dataloader
 from llmfoundry.data.tokenizers import build_tokenizer
 
 local, tokenizer_dir, out, steps, state_in = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]

@@ -11,9 +11,14 @@ import time
 
 import pytest
 
-from llmfoundry.data.finetuning import FinetuningDatasetSettings, FinetuningLoaderSettings
 from llmfoundry.data.finetuning_loader import build_finetuning_dataloader
-from llmfoundry.data.text import TextDatasetSettings, TextLoaderSettings, build_text_dataloader
+from llmfoundry.data.loader_settings import (
+    FinetuningDatasetSettings,
+    FinetuningLoaderSettings,
+    TextDatasetSettings,
+    TextLoaderSettings,
+)
+from llmfoundry.data.text import build_text_dataloader
 from tests.data.test_finetuning import chat_jsonl
 
 

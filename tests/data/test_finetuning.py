@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from llmfoundry.core.errors import ConfigError
-from llmfoundry.data.finetuning import FinetuningDatasetSettings, FinetuningLoaderSettings
 from llmfoundry.data.finetuning_loader import build_finetuning_dataloader
+from llmfoundry.data.loader_settings import FinetuningDatasetSettings, FinetuningLoaderSettings
 from llmfoundry.data.text import IGNORE_INDEX
 
 

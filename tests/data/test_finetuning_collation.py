@@ -7,7 +7,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from llmfoundry.data.finetuning import FinetuningDatasetSettings, build_encdec_example
+from llmfoundry.data.finetuning import build_encdec_example
+from llmfoundry.data.loader_settings import FinetuningDatasetSettings
 from llmfoundry.data.text import IGNORE_INDEX
 from tests.data.test_finetuning import build, chat_jsonl
 from tests.helpers import write_prompt_response_jsonl

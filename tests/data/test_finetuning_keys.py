@@ -10,8 +10,8 @@ import pytest
 
 from llmfoundry.config.validate import validate
 from llmfoundry.core.errors import ConfigError
-from llmfoundry.data.finetuning import FinetuningLoaderSettings
 from llmfoundry.data.finetuning_loader import build_finetuning_dataloader
+from llmfoundry.data.loader_settings import FinetuningLoaderSettings
 
 
 def loader(tokenizer, **dataset):

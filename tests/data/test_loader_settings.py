@@ -10,8 +10,7 @@ import pytest
 from llmfoundry.cli import main as cli_main
 from llmfoundry.config.load import load_config
 from llmfoundry.core.errors import ConfigError
-from llmfoundry.data.finetuning import FinetuningLoaderSettings
-from llmfoundry.data.text import TextLoaderSettings
+from llmfoundry.data.loader_settings import FinetuningLoaderSettings, TextLoaderSettings
 from llmfoundry.train.recipe import TrainConfig, validate
 
 YAMLS = Path(__file__).resolve().parents[2] / "yamls"

@@ -38,7 +38,8 @@ def write_unique_samples(folder, count):
 @pytest.mark.dist
 @pytest.mark.slow
 def test_resume_on_fewer_ranks_sees_each_sample_once(tokenizer_dir, tokenizer, tmp_path):
-    from llmfoundry.data.text import TextDatasetSettings, TextLoaderSettings, build_text_dataloader
+    from llmfoundry.data.loader_settings import TextDatasetSettings, TextLoaderSettings
+    from llmfoundry.data.text import build_text_dataloader
 
     # streaming pads an epoch by repeating samples (never by dropping) in two places: the samples are split into
     # num_canonical_nodes equal rows (a short row repeats its last sample), and each node's samples into equal

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from llmfoundry.core.errors import ConfigError
-from llmfoundry.data.finetuning import FinetuningDatasetSettings, FinetuningLoaderSettings
 from llmfoundry.data.finetuning_loader import build_finetuning_dataloader
+from llmfoundry.data.loader_settings import FinetuningDatasetSettings, FinetuningLoaderSettings
 from llmfoundry.data.packing import BinPacker, auto_packing_ratio, candidate_ratios
 from llmfoundry.data.text import IGNORE_INDEX
 from llmfoundry.train.recipe import validate

@@ -182,9 +182,10 @@ def test_concatenation_matches_llm_foundry_with_and_without_no_wrap(tmp_path, co
 
 def test_json_converter_without_concat_tokens_writes_raw_text_the_text_loader_tokenizes(tmp_path, corpus,
                                                                                        tokenizer_dir, tokenizer):
+    from llmfoundry.data.loader_settings import TextDatasetSettings, TextLoaderSettings
     from llmfoundry.data.prep.json_data import main_json
     from llmfoundry.data.streaming_guard import import_streaming
-    from llmfoundry.data.text import TextDatasetSettings, TextLoaderSettings, build_text_dataloader
+    from llmfoundry.data.text import build_text_dataloader
 
     (tmp_path / "d.jsonl").write_text("\n".join(json.dumps({"text": d}) for d in corpus[:10]))
     argv = ["--path", str(tmp_path / "d.jsonl"), "--out_root", str(tmp_path / "o"), "--quiet"]

@@ -85,7 +85,8 @@ def mixed_docs(corpus) -> list[str]:
 @pytest.mark.parametrize("no_wrap", [False, True])
 def test_json_with_ray_writes_the_single_process_samples_in_order(ray_cluster, tmp_path, corpus, tokenizer_dir,
                                                                   tokenizer, capsys, no_wrap):
-    from llmfoundry.data.text import TextDatasetSettings, TextLoaderSettings, build_text_dataloader
+    from llmfoundry.data.loader_settings import TextDatasetSettings, TextLoaderSettings
+    from llmfoundry.data.text import build_text_dataloader
     from tests.helpers import batch_rows
 
     (tmp_path / "d.jsonl").write_text("\n".join(json.dumps({"text": d}) for d in mixed_docs(corpus)))
@@ -159,8 +160,8 @@ def test_hf_dataset_with_ray_writes_the_single_process_samples_in_order(ray_clus
 
 def test_finetuning_with_ray_writes_the_same_examples_in_order(ray_cluster, tmp_path, corpus, tokenizer_dir, tokenizer,
                                                                capsys):
-    from llmfoundry.data.finetuning import FinetuningDatasetSettings, FinetuningLoaderSettings
     from llmfoundry.data.finetuning_loader import build_finetuning_dataloader
+    from llmfoundry.data.loader_settings import FinetuningDatasetSettings, FinetuningLoaderSettings
 
     path = write_prompt_response_jsonl(tmp_path / "pr.jsonl", corpus[:80])
     argv = ["--dataset", str(path), "--tokenizer", str(tokenizer_dir), "--max_seq_len", "10", "--splits", "train"]
@@ -185,7 +186,8 @@ def test_json_with_ray_to_s3_streams_back_the_single_process_samples(ray_cluster
                                                                      tokenizer_dir, tokenizer, monkeypatch):
     import boto3
 
-    from llmfoundry.data.text import TextDatasetSettings, TextLoaderSettings, build_text_dataloader
+    from llmfoundry.data.loader_settings import TextDatasetSettings, TextLoaderSettings
+    from llmfoundry.data.text import build_text_dataloader
     from tests.helpers import batch_rows
 
     monkeypatch.setenv("LLMFOUNDRY_CACHE", str(tmp_path / "cache"))

@@ -13,8 +13,8 @@ import pytest
 from llmfoundry import registry
 from llmfoundry.config.validate import validate
 from llmfoundry.core.errors import ConfigError
-from llmfoundry.data.finetuning import FinetuningLoaderSettings
 from llmfoundry.data.finetuning_loader import build_finetuning_dataloader
+from llmfoundry.data.loader_settings import FinetuningLoaderSettings
 from llmfoundry.data.preprocessors import DOLLY_PROMPT, resolve_preprocessor
 from llmfoundry.data.text import IGNORE_INDEX
 

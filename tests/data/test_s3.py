@@ -7,7 +7,8 @@ import json
 import pytest
 
 from llmfoundry.core.errors import ConfigError
-from llmfoundry.data.text import TextDatasetSettings, TextLoaderSettings, build_text_dataloader
+from llmfoundry.data.loader_settings import TextDatasetSettings, TextLoaderSettings
+from llmfoundry.data.text import build_text_dataloader
 from tests.helpers import S3_TEST_BUCKET as BUCKET
 from tests.helpers import batch_rows
 

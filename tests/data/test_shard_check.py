@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from llmfoundry.core.errors import ConfigError
+from llmfoundry.data.loader_settings import TextDatasetSettings, TextLoaderSettings
 from llmfoundry.data.streaming_guard import import_streaming
-from llmfoundry.data.text import TextDatasetSettings, TextLoaderSettings, build_text_dataloader
+from llmfoundry.data.text import build_text_dataloader
 
 SEQ = 16
 

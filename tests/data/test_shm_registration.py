@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from llmfoundry.core import notices
+from llmfoundry.data.loader_settings import TextDatasetSettings, TextLoaderSettings
 from llmfoundry.data.shm_registration import SHM_REGISTRATION_LOCK, remove_stale_blocks, shm_registration_lock
 from llmfoundry.data.streaming_guard import import_streaming
-from llmfoundry.data.text import TextDatasetSettings, TextLoaderSettings, build_text_dataloader
+from llmfoundry.data.text import build_text_dataloader
 
 pytestmark = pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="POSIX shared memory in /dev/shm (Linux)")
 NAMES = import_streaming().base.constant.SHM_TO_CLEAN

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from llmfoundry.core.errors import ConfigError
-from llmfoundry.data.text import TextDatasetSettings, TextLoaderSettings, build_text_dataloader, check_token_ids
+from llmfoundry.data.loader_settings import TextDatasetSettings, TextLoaderSettings
+from llmfoundry.data.text import build_text_dataloader, check_token_ids
 from tests.helpers import batch_rows
 
 

@@ -19,8 +19,8 @@ import torch.distributed as tdist
 from safetensors.torch import load_file
 from torch.distributed.tensor import DTensor
 
-from llmfoundry.models.hf import HFModelSettings
-from llmfoundry.models.mpt.config import MPTModelSettings
+from llmfoundry.models.mpt.arch import MPTModelSettings
+from llmfoundry.models.settings import HFModelSettings
 from llmfoundry.registry import models
 from llmfoundry.train import parallel
 from llmfoundry.train.settings import FSDPConfig

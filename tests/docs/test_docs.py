@@ -82,10 +82,10 @@ def test_generated_docs_are_current():
 
 def test_a_new_undocumented_key_fails_the_check(monkeypatch):
     from llmfoundry.config.fields import option
-    from llmfoundry.data import text as text_loader
+    from llmfoundry.data.loader_settings import TextLoaderSettings
 
     @dataclasses.dataclass
-    class WithNewKey(text_loader.TextLoaderSettings):
+    class WithNewKey(TextLoaderSettings):
         brand_new: int = option(3)  # no doc
 
     entry = docs._builtin_entries

@@ -10,8 +10,8 @@ import torch
 
 from llmfoundry.config.validate import validate
 from llmfoundry.core.errors import ConfigError
-from llmfoundry.models.hf import HFModelSettings
 from llmfoundry.models.metrics import LanguageMetrics, eval_metric_names, train_metric_names
+from llmfoundry.models.settings import HFModelSettings
 from tests.helpers import make_trainer, tiny_recipe
 
 

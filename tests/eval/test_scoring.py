@@ -31,7 +31,8 @@ from llmfoundry.eval.icl.scoring import (
 )
 from llmfoundry.eval.icl.tasks import Sequence
 from llmfoundry.models.interface import context_length
-from llmfoundry.models.mpt import MPTConfig, MPTForCausalLM
+from llmfoundry.models.mpt.config import MPTConfig
+from llmfoundry.models.mpt.model import MPTForCausalLM
 
 
 def test_the_three_choice_rules_disagree_as_computed_by_hand():

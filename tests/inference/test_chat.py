@@ -18,7 +18,8 @@ from llmfoundry.cli import main
 from llmfoundry.inference.chat import ChatSession, TerminalStreamer, parse_args
 from llmfoundry.loading import load_model
 from llmfoundry.models.hf_export import export_hf
-from llmfoundry.models.mpt import MPTConfig, MPTForCausalLM
+from llmfoundry.models.mpt.config import MPTConfig
+from llmfoundry.models.mpt.model import MPTForCausalLM
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import torch
 
-from llmfoundry.models.mpt import MPTConfig, MPTForCausalLM
+from llmfoundry.models.mpt.config import MPTConfig
+from llmfoundry.models.mpt.model import MPTForCausalLM
 
 TINY = dict(d_model=32, n_heads=4, n_layers=2, max_seq_len=64, vocab_size=512, no_bias=True)
 

@@ -9,8 +9,7 @@ from llmfoundry.core.errors import ConfigError
 from llmfoundry.inference.generate import generate_ids
 from llmfoundry.models.hf_export import export_hf, to_transformers
 from llmfoundry.models.hf_import import arch_from_transformers, from_transformers, load_as_mpt
-from llmfoundry.models.mpt import MPTModelSettings
-from llmfoundry.models.mpt.config import AttnConfig
+from llmfoundry.models.mpt.arch import AttnConfig, MPTModelSettings
 from llmfoundry.registry import models
 from tests.models.helpers import padded_tokens, randomize_norms, tiny_model
 

@@ -11,7 +11,7 @@ from llmfoundry.core.errors import ConfigError
 from llmfoundry.inference.generate import generate_ids
 from llmfoundry.models.hf_export import export_hf, to_transformers
 from llmfoundry.models.hf_import import from_transformers, load_as_mpt
-from llmfoundry.models.mpt import MPTModelSettings
+from llmfoundry.models.mpt.arch import MPTModelSettings
 from llmfoundry.registry import models
 from tests.models.helpers import padded_tokens, randomize_norms, tiny_model
 

@@ -5,8 +5,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from llmfoundry.core.errors import ConfigError
-from llmfoundry.models.hf import HFModelSettings
 from llmfoundry.models.hf_export import export_hf
+from llmfoundry.models.settings import HFModelSettings
 from llmfoundry.registry import models
 from llmfoundry.train import parallel
 from tests.models.helpers import randomize_norms, tiny_model

@@ -7,9 +7,9 @@ import torch
 
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.data.batches import count_batch_tokens
-from llmfoundry.models.hf_t5 import HFT5Settings
 from llmfoundry.models.interface import label_offset
 from llmfoundry.models.loss import causal_lm_loss
+from llmfoundry.models.settings import HFT5Settings
 from llmfoundry.registry import models
 from tests.helpers import make_trainer, write_prompt_response_jsonl
 
@@ -146,7 +146,7 @@ def test_hf_t5_meta_init_without_pretrained_weights_trains(t5_dir, pr_jsonl):
 
 
 def test_hf_causal_lm_with_a_t5_folder_points_to_hf_t5(t5_dir, tokenizer):
-    from llmfoundry.models.hf import HFModelSettings
+    from llmfoundry.models.settings import HFModelSettings
 
     with pytest.raises(ConfigError, match="is an encoder-decoder model \\(t5\\); train it with model.name: hf_t5"):
         models.get("hf_causal_lm").builder(HFModelSettings(pretrained_model_name_or_path=str(t5_dir)), tokenizer)

@@ -23,7 +23,7 @@ from llmfoundry.core.errors import ConfigError
 from llmfoundry.loading import load_model
 from llmfoundry.models.hf_import import load_as_mpt
 from llmfoundry.models.layers.moe import expert_weight_from_llm_foundry
-from llmfoundry.models.mpt.config import to_dict
+from llmfoundry.models.mpt.arch import to_dict
 from llmfoundry.train.composer_checkpoint import load_into_training, read_composer_checkpoint
 from tests.models.helpers import randomize_norms, tiny_config, tiny_model
 

@@ -15,7 +15,7 @@ from llmfoundry.core.errors import ConfigError
 from llmfoundry.models.hf_export import export_hf
 from llmfoundry.models.hf_import import is_llm_foundry_mpt_folder, load_as_mpt
 from llmfoundry.models.llm_foundry_mpt import is_llm_foundry_mpt
-from llmfoundry.models.mpt import MPTModelSettings
+from llmfoundry.models.mpt.arch import MPTModelSettings
 from llmfoundry.registry import models
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "lf_mpt_export"

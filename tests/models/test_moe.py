@@ -14,8 +14,9 @@ import torch.nn.functional as F
 from llmfoundry.core import notices
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.models.layers.moe import DroplessMoE, ExpertMLP, grouped_matmul, load_balancing_loss
-from llmfoundry.models.mpt import MPTConfig, MPTForCausalLM
-from llmfoundry.models.mpt.config import MPTModelSettings, from_dict
+from llmfoundry.models.mpt.arch import MPTModelSettings, from_dict
+from llmfoundry.models.mpt.config import MPTConfig
+from llmfoundry.models.mpt.model import MPTForCausalLM
 from llmfoundry.registry import models
 from tests.helpers import make_trainer, tiny_recipe
 from tests.models.helpers import tiny_config, tiny_model

@@ -5,7 +5,9 @@ import torch
 
 from llmfoundry.config.validate import validate
 from llmfoundry.core.errors import ConfigError
-from llmfoundry.models.mpt import MPTConfig, MPTForCausalLM, MPTModelSettings
+from llmfoundry.models.mpt.arch import MPTModelSettings
+from llmfoundry.models.mpt.config import MPTConfig
+from llmfoundry.models.mpt.model import MPTForCausalLM
 from llmfoundry.registry import models
 from tests.models.helpers import tiny_config, tiny_model
 

@@ -15,8 +15,8 @@ from llmfoundry.models.hf_export import gpt2_export_problems, llama_export_probl
 from llmfoundry.models.hf_import import from_transformers
 from llmfoundry.models.layers.attention import AttentionMask
 from llmfoundry.models.layers.positional import RotaryEmbedding
-from llmfoundry.models.mpt import MPTConfig
-from llmfoundry.models.mpt.config import MPTModelSettings
+from llmfoundry.models.mpt.arch import MPTModelSettings
+from llmfoundry.models.mpt.config import MPTConfig
 from llmfoundry.train.recipe import TrainConfig, validate
 from tests.helpers import tiny_recipe
 from tests.models.helpers import randomize_norms, tiny_config, tiny_model

@@ -8,8 +8,8 @@ from transformers import (
 )
 
 from llmfoundry.core.errors import ConfigError
-from llmfoundry.models.hf import HFModelSettings
-from llmfoundry.models.mpt.config import MPTModelSettings
+from llmfoundry.models.mpt.arch import MPTModelSettings
+from llmfoundry.models.settings import HFModelSettings
 from llmfoundry.registry import models
 from llmfoundry.train import parallel
 from tests.models.helpers import write_pretrained_folders

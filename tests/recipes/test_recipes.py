@@ -237,14 +237,14 @@ def test_recipe_builds_and_runs_tiny(recipe, tmp_path, in_repo, fixtures):
             "eval_loader"
         )
         assert any((tmp_path / "run").iterdir()), "the run saved no checkpoint"
-        from llmfoundry.models.layers.moe import MOE_TYPES
+        from llmfoundry.models.layers.moe_keys import MOE_TYPES
 
         if (raw["model"].get("ffn_config") or {}).get("ffn_type") in MOE_TYPES:  # the experts ran, and were counted
             assert math.isfinite(metrics["loss/train/lbl"]) and metrics["loss/train/lbl"] > 0
             if "mbmoe_tok_per_expert" in (raw.get("callbacks") or {}):
                 assert metrics["mb_moe/all_layers_max_tpe"] > 0
     elif kind == "eval":
-        from llmfoundry.commands.eval import run_eval
+        from llmfoundry.commands.eval_run import run_eval
         from llmfoundry.config.load import load_config
         from llmfoundry.eval.config import load_eval_config
 

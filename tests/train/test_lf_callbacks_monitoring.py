@@ -18,7 +18,8 @@ import torch.nn.functional as F
 
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.train.callbacks.base import Callback
-from llmfoundry.train.callbacks.loss_perp_v_len import LossPerpVLen, LossPerpVLenSettings
+from llmfoundry.train.callbacks.loss_perp_v_len import LossPerpVLen
+from llmfoundry.train.callbacks.settings import LossPerpVLenSettings
 from llmfoundry.train.errors import TrainingStopped
 from tests.helpers import make_trainer
 

@@ -78,7 +78,8 @@ def test_wandb_keys_reach_the_offline_run_and_secrets_do_not(recipe, tmp_path, m
 
 
 def test_wandb_names_the_run_after_the_recipe_and_logs_checkpoints_as_artifacts(tmp_path, monkeypatch):
-    from llmfoundry.train.loggers.wandb import WandbLogger, WandbSettings
+    from llmfoundry.train.loggers.settings import WandbSettings
+    from llmfoundry.train.loggers.wandb import WandbLogger
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     checkpoint = tmp_path / "ck" / "ep0-ba2"
@@ -97,7 +98,8 @@ def test_wandb_names_the_run_after_the_recipe_and_logs_checkpoints_as_artifacts(
 
 
 def test_wandb_logs_an_s3_checkpoint_as_a_reference_without_reading_the_bucket(tmp_path, monkeypatch):
-    from llmfoundry.train.loggers.wandb import WandbLogger, WandbSettings
+    from llmfoundry.train.loggers.settings import WandbSettings
+    from llmfoundry.train.loggers.wandb import WandbLogger
 
     # the trainer reports a remote checkpoint while it may still be uploading: no bucket is reached (none exists here)
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -184,7 +186,7 @@ def test_mlflow_keys_filter_rename_and_tag_what_is_logged(recipe, file_store):
 
 def test_mlflow_resume_continues_the_run_with_the_same_run_name(file_store):
     from llmfoundry.train.loggers.mlflow import MLflowLogger
-    from llmfoundry.train.loggers.mlflow_settings import MLflowSettings
+    from llmfoundry.train.loggers.settings import MLflowSettings
 
     def log(step: int, resume: bool) -> None:
         logger = MLflowLogger(MLflowSettings(tracking_uri=file_store, experiment_name="resume", resume=resume,
@@ -204,7 +206,7 @@ def test_mlflow_resume_continues_the_run_with_the_same_run_name(file_store):
 
 def test_mlflow_system_metrics_and_model_registry_work_on_a_file_store(file_store, tmp_path, monkeypatch):
     from llmfoundry.train.loggers.mlflow import MLflowLogger
-    from llmfoundry.train.loggers.mlflow_settings import MLflowSettings
+    from llmfoundry.train.loggers.settings import MLflowSettings
 
     monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.1")  # instead of Composer's 5 s x 6
     monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLES_BEFORE_LOGGING", "1")
@@ -224,7 +226,7 @@ def test_mlflow_system_metrics_and_model_registry_work_on_a_file_store(file_stor
 
 def test_mlflow_run_is_failed_when_training_fails_or_the_process_dies(file_store, tmp_path):
     from llmfoundry.train.loggers.mlflow import MLflowLogger
-    from llmfoundry.train.loggers.mlflow_settings import MLflowSettings
+    from llmfoundry.train.loggers.settings import MLflowSettings
 
     # logging_buffer_seconds: None, else the process would wait that long at exit for MLflow's logging thread
     logger = MLflowLogger(MLflowSettings(tracking_uri=file_store, experiment_name="status", log_system_metrics=False,
@@ -237,7 +239,7 @@ def test_mlflow_run_is_failed_when_training_fails_or_the_process_dies(file_store
     except RuntimeError:
         pass
     script = ("from llmfoundry.train.loggers.mlflow import MLflowLogger\n"
-              "from llmfoundry.train.loggers.mlflow_settings import MLflowSettings\n"
+              "from llmfoundry.train.loggers.settings import MLflowSettings\n"
               f"MLflowLogger(MLflowSettings(tracking_uri={file_store!r}, experiment_name='status', "
               "log_system_metrics=False, logging_buffer_seconds=None), 'died')\n"
               "raise SystemExit(3)\n")
@@ -249,7 +251,7 @@ def test_mlflow_run_is_failed_when_training_fails_or_the_process_dies(file_store
 
 def test_mlflow_databricks_tracking_from_the_environment_is_a_one_line_error(file_store, monkeypatch):
     from llmfoundry.train.loggers.mlflow import MLflowLogger
-    from llmfoundry.train.loggers.mlflow_settings import MLflowSettings
+    from llmfoundry.train.loggers.settings import MLflowSettings
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "databricks")
     with pytest.raises(ConfigError, match=r"loggers.mlflow.tracking_uri \(from MLFLOW_TRACKING_URI\): 'databricks'"):
@@ -259,7 +261,8 @@ def test_mlflow_databricks_tracking_from_the_environment_is_a_one_line_error(fil
 def test_tensorboard_writes_under_the_run_name_and_records_hparams_at_the_end(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from llmfoundry.train.loggers.tensorboard import TensorboardLogger, TensorboardSettings
+    from llmfoundry.train.loggers.settings import TensorboardSettings
+    from llmfoundry.train.loggers.tensorboard import TensorboardLogger
 
     logger = TensorboardLogger(TensorboardSettings(log_dir=str(tmp_path), flush_interval=2), "tb-run")
     logger.log_hyperparameters({"max_duration": "3ba", "lr": 0.1})
@@ -303,9 +306,9 @@ def test_inmemory_logger_keeps_every_value_with_its_time(recipe, name):
 
 
 def test_loggers_mask_secrets_in_hyperparameters_whoever_logs_them(tmp_path, file_store):
-    from llmfoundry.train.loggers.jsonl import JsonlLogger, JsonlSettings
+    from llmfoundry.train.loggers.jsonl import JsonlLogger
     from llmfoundry.train.loggers.mlflow import MLflowLogger
-    from llmfoundry.train.loggers.mlflow_settings import MLflowSettings
+    from llmfoundry.train.loggers.settings import JsonlSettings, MLflowSettings
 
     config = {"run": "r", "model": {"api_key": "k-123", "hf_token": SECRET}}
     jsonl = JsonlLogger(JsonlSettings(path=str(tmp_path / "m.jsonl")))

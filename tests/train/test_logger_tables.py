@@ -94,8 +94,9 @@ def test_generated_tables_reach_wandb_mlflow_and_tensorboard(recipe, tmp_path, m
 
 
 def test_wandb_and_jsonl_tables_take_cells_of_mixed_types(tmp_path, monkeypatch):
-    from llmfoundry.train.loggers.jsonl import JsonlLogger, JsonlSettings
-    from llmfoundry.train.loggers.wandb import WandbLogger, WandbSettings
+    from llmfoundry.train.loggers.jsonl import JsonlLogger
+    from llmfoundry.train.loggers.settings import JsonlSettings, WandbSettings
+    from llmfoundry.train.loggers.wandb import WandbLogger
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     # eval_output_logging's input_tokens: a list for one task type, a list of lists for another

@@ -17,6 +17,7 @@ from llmfoundry.train import optim
 from llmfoundry.train.recipe import TrainConfig, validate
 from llmfoundry.train.settings import FSDPConfig
 from llmfoundry.train.compat import device_batch_size
+from llmfoundry.train.optim_settings import AdamSettings, ParamGroup
 from tests.helpers import make_trainer
 
 
@@ -54,7 +55,7 @@ def test_decoupled_adamw_decays_by_wd_times_the_schedule_not_by_lr_times_wd():
     for name, expected in (("decoupled_adamw", [1 - 0.01, 1 - 0.005]), ("adamw", [1 - 1e-3 * 0.01, 1 - 5e-4 * 0.01])):
         model = Tiny()
         start = model.proj.weight.detach().clone()
-        settings = optim.AdamSettings(lr=1e-3, weight_decay=0.01)
+        settings = AdamSettings(lr=1e-3, weight_decay=0.01)
         opt = (optim.build_decoupled_adamw if name == "decoupled_adamw" else optim.build_adamw)(settings, model)
         for factor, lr in zip(expected, (1e-3, 5e-4)):
             for group in opt.param_groups:
@@ -69,15 +70,15 @@ def test_decoupled_adamw_decays_by_wd_times_the_schedule_not_by_lr_times_wd():
 
 def test_param_groups_and_disable_grad():
     model = Tiny()
-    settings = optim.AdamSettings(lr=1e-3, weight_decay=0.1, disable_grad="^wte",
-                                  param_groups=[optim.ParamGroup(param_str_match=r"\.bias$", lr=0.5, weight_decay=0.0)])
+    settings = AdamSettings(lr=1e-3, weight_decay=0.1, disable_grad="^wte",
+                            param_groups=[ParamGroup(param_str_match=r"\.bias$", lr=0.5, weight_decay=0.0)])
     opt = optim.build_decoupled_adamw(settings, model)
     assert not model.wte.weight.requires_grad
     assert [len(g["params"]) for g in opt.param_groups] == [1, 1]
     assert opt.param_groups[1]["params"][0] is model.proj.bias and opt.param_groups[1]["lr"] == 0.5
     assert opt.param_groups[1]["weight_decay"] == 0.0
     with pytest.raises(ConfigError, match=r"param_groups\[0\].param_str_match: 'nothing' matches no parameter"):
-        optim.build_adamw(optim.AdamSettings(param_groups=[optim.ParamGroup(param_str_match="nothing")]), Tiny())
+        optim.build_adamw(AdamSettings(param_groups=[ParamGroup(param_str_match="nothing")]), Tiny())
 
 
 def test_global_batch_must_divide_across_ranks():

@@ -10,11 +10,8 @@ import torch
 from torch import nn
 
 from llmfoundry.core.errors import ConfigError
-from llmfoundry.train.algorithms import (
-    GradientClipping,
-    GradientClippingSettings,
-    clip_adaptive_,
-)
+from llmfoundry.train.algorithm_settings import GradientClippingSettings
+from llmfoundry.train.algorithms import GradientClipping, clip_adaptive_
 from llmfoundry.train.recipe import TrainConfig, validate
 from tests.dist.helpers import torchrun_args, worker_env
 from tests.helpers import make_trainer, tiny_recipe
@@ -58,7 +55,8 @@ _FSDP_WORKER = textwrap.dedent("""
     import torch, torch.distributed as dist
     from torch import nn
     from torch.distributed.fsdp import fully_shard
-    from llmfoundry.train.algorithms import GradientClipping, GradientClippingSettings
+    from llmfoundry.train.algorithm_settings import GradientClippingSettings
+    from llmfoundry.train.algorithms import GradientClipping
 
     dist.init_process_group("gloo")
     torch.manual_seed(0)

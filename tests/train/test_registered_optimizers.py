@@ -10,6 +10,7 @@ from torch import nn
 
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.train import optim
+from llmfoundry.train.optim_settings import DecoupledAdamSettings, NoOpSettings, TorchAdamSettings
 from llmfoundry.train.recipe import TrainConfig, validate
 from tests.dist.helpers import run_job
 from tests.helpers import make_trainer, tiny_recipe, weights
@@ -87,7 +88,7 @@ def test_lion_decays_by_wd_when_the_initial_lr_is_zero_like_llm_foundry():
 def test_no_op_leaves_the_weights_alone():
     model = nn.Linear(2, 2)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    opt = optim.build_no_op(optim.NoOpSettings(), model)
+    opt = optim.build_no_op(NoOpSettings(), model)
     model(torch.ones(1, 2)).sum().backward()
     opt.step()
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
@@ -100,7 +101,7 @@ def test_amsgrad_divides_by_the_largest_second_moment_seen(name):
     p = nn.Parameter(torch.tensor([1.0], dtype=torch.float64))
     model = nn.Module()
     model.p = p
-    settings = (optim.DecoupledAdamSettings if name == "decoupled_adamw" else optim.TorchAdamSettings)(
+    settings = (DecoupledAdamSettings if name == "decoupled_adamw" else TorchAdamSettings)(
         lr=lr, betas=[b1, b2], eps=eps, weight_decay=0.0, amsgrad=True)
     opt = (optim.build_decoupled_adamw if name == "decoupled_adamw" else optim.build_adamw)(settings, model)
     m = v = vmax = 0.0

@@ -14,7 +14,8 @@ import numpy as np
 
 from llmfoundry.core import objectstore
 from llmfoundry.core.errors import ConfigError
-from llmfoundry.data.finetuning import FinetuningDataset, FinetuningDatasetSettings, load_raw_examples
+from llmfoundry.data.finetuning import FinetuningDataset, load_raw_examples
+from llmfoundry.data.loader_settings import FinetuningDatasetSettings
 from llmfoundry.data.prep import common, ray_data
 from llmfoundry.data.tokenizers import build_tokenizer
 

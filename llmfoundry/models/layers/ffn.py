@@ -10,35 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llmfoundry.core.errors import first_line
-
-DEFAULT_ACT_FN = {"name": "gelu", "approximate": "none"}  # llm-foundry's default for every ffn_type
-
-
-def _resolve(spec: dict) -> tuple[str, dict]:
-    """(function name in torch.nn.functional, keyword arguments); gelu_tanh is kept as GELU's tanh form."""
-    spec = dict(spec)
-    name = spec.pop("name", None)
-    if name == "gelu_tanh":
-        return "gelu", {"approximate": "tanh", **spec}
-    return name, spec
-
-
-def activation_problem(spec: Any) -> str | None:
-    """Why an ffn_act_fn mapping is not a usable torch.nn.functional activation (a key suffix + message), or None."""
-    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
-        return f": a mapping {{name: <torch.nn.functional activation>, ...}}, got {spec!r}"
-    name, kwargs = _resolve(spec)
-    fn = getattr(F, name, None)
-    if name.startswith("_") or not callable(fn):
-        return f".name: '{name}' is not a function of torch.nn.functional (e.g. gelu, silu, relu, leaky_relu)"
-    try:
-        out = fn(torch.linspace(-2, 2, 8).view(2, 4), **kwargs)
-    except (TypeError, ValueError, RuntimeError) as error:
-        return f": torch.nn.functional.{name}({', '.join(sorted(kwargs))}) is not an activation ({first_line(error)})"
-    if not isinstance(out, torch.Tensor) or out.shape != (2, 4):
-        return f".name: torch.nn.functional.{name} does not map a tensor to one of the same shape"
-    return None
+from llmfoundry.models.layers.act_fn import DEFAULT_ACT_FN, resolve_act_fn
 
 
 class Activation(nn.Module):
@@ -58,7 +30,7 @@ class Activation(nn.Module):
 
 def build_activation(spec: dict | None, ffn_type: str) -> Activation:
     """The activation named in ffn_config.ffn_act_fn; exact GELU by default (mptmlp and mptglu alike)."""
-    name, kwargs = _resolve(spec or DEFAULT_ACT_FN)
+    name, kwargs = resolve_act_fn(spec or DEFAULT_ACT_FN)
     return Activation(name, **kwargs)
 
 

@@ -42,21 +42,6 @@ def segment_positions(segment_ids: torch.Tensor) -> torch.Tensor:
     return idx - segment_start
 
 
-# rope_hf_config: the keys each scaling type reads (besides `type`), as transformers' rope_scaling names them
-ROPE_SCALING_KEYS = {
-    "no_scaling": {"factor"},
-    "linear": {"factor"},
-    "dynamic": {"factor"},
-    "yarn": {"factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow", "mscale",
-             "mscale_all_dim", "truncate"},
-    "llama3": {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"},
-}
-ROPE_SCALING_REQUIRED = {
-    "linear": {"factor"}, "dynamic": {"factor"}, "yarn": {"factor"},
-    "llama3": {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"},
-}
-
-
 def rope_frequencies(head_dim: int, theta: float, scaling: dict, max_seq_len: int, seq_len: int, device=None):
     """(inv_freq (head_dim/2,), attention_factor): RoPE's frequencies under a rope_hf_config scaling.
 

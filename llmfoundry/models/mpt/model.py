@@ -19,18 +19,20 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import DynamicCache, GenerationMixin, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache, GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import MoeCausalLMOutputWithPast
 
 from llmfoundry.models.layers.attention import Attention, AttentionMask
 from llmfoundry.models.layers.ffn import build_ffn
 from llmfoundry.models.layers.init import init_module
-from llmfoundry.models.layers.moe import active_share, build_moe, init_experts, is_moe, load_balancing_loss, loss_weight
+from llmfoundry.models.layers.moe import active_share, build_moe, init_experts, load_balancing_loss
+from llmfoundry.models.layers.moe_keys import is_moe, loss_weight
 from llmfoundry.models.layers.norm import build_norm
 from llmfoundry.models.layers.positional import RotaryEmbedding, alibi_slopes
 from llmfoundry.models.loss import causal_lm_loss
+from llmfoundry.models.mpt.arch import MPTArch
 from llmfoundry.models.mpt.block_overrides import layer_attn_overrides
-from llmfoundry.models.mpt.config import MPTArch, MPTConfig, resolve_attn_impl
+from llmfoundry.models.mpt.config import MPTConfig, resolve_attn_impl
 
 
 class MPTBlock(nn.Module):
@@ -249,3 +251,16 @@ class MPTForCausalLM(MPTPreTrainedModel, GenerationMixin):
         if not weight:
             return None
         return weight * load_balancing_loss(routing, num_tokens, f.moe_top_k, f.moe_lbl_in_fp32)
+
+
+def _register_auto_classes() -> None:
+    """Let AutoConfig / AutoModelForCausalLM open our own save_pretrained folders in this process (whoever imports
+    the model class can open them; models/hf.py imports it for that)."""
+    try:
+        AutoConfig.register(MPTConfig.model_type, MPTConfig)
+        AutoModelForCausalLM.register(MPTConfig, MPTForCausalLM)
+    except ValueError:  # already registered (module reloaded)
+        pass
+
+
+_register_auto_classes()

@@ -18,45 +18,19 @@ load_path/autoresume checkpoint, which then replaces it, so here it is loaded on
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass
 
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from llmfoundry.config.fields import option
 from llmfoundry.core import dist, objectstore
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.core.notices import notice_once
-from llmfoundry.registry import callbacks
 from llmfoundry.train import checkpointer
 from llmfoundry.train.callbacks.base import Callback
 from llmfoundry.train.callbacks.param_names import composer_name
+from llmfoundry.train.callbacks.settings import NAME_FIELDS, LoadCheckpointSettings, MonoCheckpointSaverSettings
 
-NAME_FIELDS = ("run_name", "rank", "world_size", "epoch", "batch", "batch_in_epoch", "sample", "token")
 KEY = "callbacks.mono_checkpoint_saver"
-EVENTS = ("init", "before_load", "after_load", "fit_start")  # Composer's events that happen before training here
-
-
-@dataclass
-class MonoCheckpointSaverSettings:
-    save_folder: str = option(doc="where the files go, a local folder or s3://bucket/prefix")
-    batch_interval: int = option(doc="write one every this many batches (and at the end of training)")
-    filename: str = option("ep{epoch}-ba{batch}.pt", "the file's name; may use " +
-                           ", ".join("{" + name + "}" for name in NAME_FIELDS))
-    overwrite: bool = option(False, "in an object store, replace an existing file of the same name (false: an "
-                                    "error); a local file is replaced either way, as in llm-foundry")
-    keep_optimizers: bool = option(False, "also save the optimizer state",
-                                   unsupported="optimizer state in the monolithic file (it is in the run's own "
-                                               "checkpoints: save_folder)")
-
-    def check_settings(self, path: str) -> list[str]:
-        problems = [] if self.batch_interval > 0 else [f"{path}.batch_interval: must be positive"]
-        if objectstore.is_remote(self.save_folder):
-            try:
-                objectstore.check_url(self.save_folder, f"{path}.save_folder")
-            except ConfigError as error:
-                problems.append(str(error))
-        return problems
 
 
 class MonoCheckpointSaver(Callback):
@@ -102,23 +76,6 @@ class MonoCheckpointSaver(Callback):
         dist.barrier()
 
 
-@dataclass
-class LoadCheckpointSettings:
-    load_path: str = option(doc="the checkpoint: ours or Composer's, a local path or s3://")
-    load_weights_only: bool = option(False, "load only the model weights (not optimizer, schedule, time, data "
-                                            "position)")
-    strict_model_weights: bool = option(True, "the checkpoint's weights must match the model's exactly")
-    ignore_keys: list[str] | None = option(None, "Composer's state keys not to load (as load_ignore_keys)")
-    event: str = option("BEFORE_LOAD", "when to load: before_load (only when the run loads no checkpoint of its "
-                                       "own), after_load or fit_start (over the run's own)")
-
-    def check_settings(self, path: str) -> list[str]:
-        if self.event.lower() not in EVENTS:
-            return [f"{path}.event: '{self.event}' is not supported here (use {', '.join(EVENTS)}: loading during "
-                    "training, at another event, is not done by this trainer)"]
-        return []
-
-
 class LoadCheckpoint(Callback):
     def __init__(self, settings: LoadCheckpointSettings):
         self.s = settings
@@ -136,15 +93,9 @@ class LoadCheckpoint(Callback):
         self.loaded = True
 
 
-@callbacks.register("mono_checkpoint_saver", config=MonoCheckpointSaverSettings, differs=(
-    "the file holds the full model weights, time and run name in Composer's layout and names, without optimizer "
-    "state, HF config or Composer objects: load_path reads it, Composer cannot resume from it"))
 def build_mono_checkpoint_saver(settings: MonoCheckpointSaverSettings) -> Callback:
     return MonoCheckpointSaver(settings)
 
 
-@callbacks.register("load_checkpoint", config=LoadCheckpointSettings, differs=(
-    "loaded when training starts; with event before_load (the default) only if the run loads no checkpoint of "
-    "its own (in llm-foundry that one then replaces it); events during training are refused"))
 def build_load_checkpoint(settings: LoadCheckpointSettings) -> Callback:
     return LoadCheckpoint(settings)

@@ -13,24 +13,19 @@ from __future__ import annotations
 import logging
 import os
 import pickle
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch.cuda import _memory_viz
 
-from llmfoundry.config.checks import PositiveInt
-from llmfoundry.config.fields import option
 from llmfoundry.core import dist
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.core.notices import notice_once
 from llmfoundry.core.timeunits import Time
-from llmfoundry.registry import callbacks
 from llmfoundry.train.callbacks.base import Callback
+from llmfoundry.train.callbacks.settings import MemorySnapshotSettings, OOMObserverSettings
 
 log = logging.getLogger(__name__)
-NOT_UPLOADED = ("Composer uploads the files through an object-store logger (remote_uploader_downloader), which "
-                "this project does not have: they stay in folder")
 
 
 def _format(template: str, trainer, key: str) -> str:
@@ -55,25 +50,6 @@ def _prepare_folder(trainer, template: str, overwrite: bool, key: str) -> Path |
         raise ConfigError(f"{key}.folder: '{folder}' is not empty (empty it, choose another folder, or set "
                           "overwrite: true)")
     return folder
-
-
-@dataclass
-class MemorySnapshotSettings:
-    skip_batches: int = option(1, "batches to run before recording starts")
-    interval: str | int = option("3ba", "how long to record (batches; an int is batches)")
-    max_entries: PositiveInt = option(100000, "allocation events kept")
-    folder: str = option("{run_name}/torch_traces", "where the snapshot files go")
-    filename: str = option("rank{rank}.{batch}.memory_snapshot", "name of the files, without suffix")
-    remote_file_name: str | None = option("{run_name}/torch_memory_traces", "where Composer uploads the files",
-                                          differs=NOT_UPLOADED)
-    overwrite: bool = option(False, "allow a folder that already holds files")
-
-    def check_settings(self, path: str) -> list[str]:
-        try:
-            unit = Time.parse(f"{self.interval}ba" if isinstance(self.interval, int) else self.interval).unit
-        except ValueError as error:
-            return [f"{path}.interval: {error}"]
-        return [] if unit == "ba" else [f"{path}.interval: must be in batches (e.g. '3ba'), got '{self.interval}'"]
 
 
 class MemorySnapshot(Callback):
@@ -110,16 +86,6 @@ class MemorySnapshot(Callback):
                 return
             self.written = _write(snapshot, {".pickle": None, ".html": _memory_viz.trace_plot}, name)
             trainer._print(f"memory_snapshot: wrote {name}.pickle and .html")
-
-
-@dataclass
-class OOMObserverSettings:
-    max_entries: PositiveInt = option(100000, "allocation events kept")
-    folder: str = option("{run_name}/torch_traces", "where the files go when CUDA runs out of memory")
-    filename: str = option("rank{rank}_oom", "prefix of the files")
-    remote_file_name: str | None = option("{run_name}/oom_traces/rank{rank}_oom", "where Composer uploads the files",
-                                          differs=NOT_UPLOADED)
-    overwrite: bool = option(False, "allow a folder that already holds files")
 
 
 class OOMObserver(Callback):
@@ -169,11 +135,9 @@ def _write(snapshot: dict, views: dict, name: Path) -> list[Path]:
     return written
 
 
-@callbacks.register("memory_snapshot", config=MemorySnapshotSettings)
 def build_memory_snapshot(settings: MemorySnapshotSettings) -> Callback:
     return MemorySnapshot(settings)
 
 
-@callbacks.register("oom_observer", config=OOMObserverSettings)
 def build_oom_observer(settings: OOMObserverSettings) -> Callback:
     return OOMObserver(settings)

@@ -11,14 +11,10 @@ max_duration: a final evaluation and, with save_folder, a checkpoint.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
 
-from llmfoundry.config.fields import option
 from llmfoundry.core.errors import ConfigError
-from llmfoundry.core.timeunits import Time
-from llmfoundry.registry import callbacks
 from llmfoundry.train.callbacks.base import Callback, stop_training
+from llmfoundry.train.callbacks.settings import EarlyStopperSettings, parse_patience
 
 KEY = "callbacks.early_stopper"
 # without the model's train metrics (use_train_metrics: false), these come from the training loss
@@ -26,43 +22,10 @@ TRAIN_METRICS = {"LanguageCrossEntropy": lambda loss: loss, "LanguagePerplexity"
 LOWER_IS_BETTER = ("loss", "error", "perplexity")  # Composer's rule for the default comparison
 
 
-@dataclass
-class EarlyStopperSettings:
-    monitor: str = option(doc="the metric's name, e.g. LanguageCrossEntropy or InContextLearningLMAccuracy")
-    dataloader_label: str = option(doc="where the metric comes from: eval, eval/<eval_loaders label>, an ICL "
-                                       "metric's prefix (icl/...), or train")
-    comp: str | None = option(None, "gt/greater (higher is better) or lt/less; default: less when the name "
-                                    "contains loss, error or perplexity, else greater")
-    min_delta: float = option(0.0, "a new best must beat the old one by more than this")
-    patience: Any = option(1, "how long the metric may not improve: an int (epochs) or a time string in ba or ep")
-
-    def check_settings(self, path: str) -> list[str]:
-        problems = []
-        if self.comp is not None and self.comp.lower() not in ("gt", "greater", "lt", "less"):
-            problems.append(f"{path}.comp: '{self.comp}' is not gt, greater, lt or less")
-        try:
-            patience = _patience(self.patience)
-        except ValueError as error:
-            return problems + [f"{path}.patience: {error}"]
-        if self.dataloader_label == "train" and patience.unit != "ba":
-            problems.append(f"{path}.patience: with dataloader_label train it must be in batches here (e.g. "
-                            "'500ba'): this trainer has no per-epoch train metrics")
-        return problems
-
-
-def _patience(value: Any) -> Time:
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise ValueError(f"expected an int (epochs) or a time string such as '500ba', got {value!r}")
-    patience = Time.parse(value)  # an int is epochs
-    if patience.unit not in ("ba", "ep"):
-        raise ValueError(f"must be in batches or epochs (ba, ep), got '{value}'")
-    return patience
-
-
 class EarlyStopper(Callback):
     def __init__(self, settings: EarlyStopperSettings):
         self.s = settings
-        self.patience = _patience(settings.patience)
+        self.patience = parse_patience(settings.patience)
         comp = (settings.comp or "").lower()
         if comp:
             self.lower_is_better = comp in ("lt", "less")
@@ -110,6 +73,5 @@ class EarlyStopper(Callback):
                                    f"{now[index] - self.best_at[index]}{self.patience.unit}")
 
 
-@callbacks.register("early_stopper", config=EarlyStopperSettings)
 def build_early_stopper(settings: EarlyStopperSettings) -> Callback:
     return EarlyStopper(settings)

@@ -19,28 +19,21 @@ import os
 import platform
 import socket
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed
 
-from llmfoundry.config.fields import option
 from llmfoundry.core import dist
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.core.notices import notice_once
-from llmfoundry.registry import callbacks
 from llmfoundry.train.callbacks.base import Callback
+from llmfoundry.train.callbacks.settings import EnvLoggingSettings, SystemMetricsMonitorSettings
 
 GPU_METRICS = ("gpu_percentage", "memory_percentage", "gpu_temperature_C", "gpu_power_usage_W")
 PACKAGES_TO_LOG = ["llm-foundry", "llmfoundry", "mosaicml", "megablocks", "grouped-gemm", "torch", "flash_attn",
                    "transformers", "datasets", "peft"]  # llm-foundry's list, and this project's own package
-
-
-@dataclass
-class SystemMetricsMonitorSettings:
-    log_all_data: bool = option(False, "log each rank's GPU metrics, not only the minimum and maximum")
 
 
 def _psutil(key: str):
@@ -108,21 +101,6 @@ def _gather(values: dict[str, float]) -> list[dict[str, float]]:
     everyone: list[Any] = [None] * dist.world_size()
     torch.distributed.all_gather_object(everyone, values)
     return everyone
-
-
-@dataclass
-class EnvLoggingSettings:
-    workspace_dir: str = option("/workspace", "folder whose git repositories (its subfolders) are logged")
-    log_git: bool = option(True, "commit and branch of each repository under workspace_dir")
-    log_nvidia: bool = option(True, "CUDA, cuDNN and NCCL versions")
-    log_docker: bool = option(True, "the run's Docker image", differs="the image is looked up on the MosaicML "
-                                                                     "platform (mcli) in llm-foundry; not logged here")
-    log_packages: bool = option(True, "versions of packages_to_log")
-    log_system: bool = option(False, "Python, OS, host name, CPU and memory")
-    log_gpu: bool = option(False, "GPU model, count and memory")
-    log_distributed: bool = option(False, "world size, local world size, rank and local rank")
-    packages_to_log: list[str] | None = option(None, "packages whose versions are logged (default: llm-foundry's "
-                                                     "list and llmfoundry)")
 
 
 class EnvLogging(Callback):
@@ -198,11 +176,9 @@ def _nvidia_info() -> dict[str, Any]:
             "nccl_version": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)}
 
 
-@callbacks.register("system_metrics_monitor", config=SystemMetricsMonitorSettings)
 def build_system_metrics_monitor(settings: SystemMetricsMonitorSettings) -> Callback:
     return SystemMetricsMonitor(settings)
 
 
-@callbacks.register("env_logging", config=EnvLoggingSettings)
 def build_env_logging(settings: EnvLoggingSettings) -> Callback:
     return EnvLogging(settings)

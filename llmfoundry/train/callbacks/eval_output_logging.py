@@ -11,22 +11,14 @@ loaders).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-from llmfoundry.config.fields import option
 from llmfoundry.core.notices import notice_once
-from llmfoundry.registry import callbacks
 from llmfoundry.train.callbacks.base import Callback
+from llmfoundry.train.callbacks.settings import EvalOutputLoggingSettings
 from llmfoundry.train.callbacks.tables import log_table
 
 KEY = "callbacks.eval_output_logging"
-
-
-@dataclass
-class EvalOutputLoggingSettings:
-    log_tokens: bool = option(False, "also log the input token ids")
-    log_output_text: bool | None = option(None, "log the generated text of generation tasks (default: yes)")
 
 
 class EvalOutputLogging(Callback):
@@ -72,9 +64,5 @@ class EvalOutputLogging(Callback):
         return columns, rows
 
 
-@callbacks.register("eval_output_logging", config=EvalOutputLoggingSettings, differs=(
-    "only the ICL tasks are logged (not the eval loaders' batches), with the columns input, outputs, result, "
-    "correct_choice_idx, category, run_name (llm-foundry's depend on the metric); tables go to loggers that "
-    "record them, else to the console"))
 def build_eval_output_logging(settings: EvalOutputLoggingSettings) -> Callback:
     return EvalOutputLogging(settings)

@@ -4,17 +4,8 @@ metrics after each evaluation (``diff_eval_metrics``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from llmfoundry.config.fields import option
-from llmfoundry.registry import callbacks
 from llmfoundry.train.callbacks.base import Callback
-
-
-@dataclass
-class FDiffSettings:
-    diff_train_metrics: bool = option(False, "log loss/train/total_fdiff and metrics/train/<name>_fdiff")
-    diff_eval_metrics: bool = option(True, "log <eval metric>_fdiff after each evaluation")
+from llmfoundry.train.callbacks.settings import FDiffSettings
 
 
 class FDiffMetrics(Callback):
@@ -41,6 +32,5 @@ def _diff(metrics: dict[str, float], names: list[str], previous: dict[str, float
         previous[name] = value
 
 
-@callbacks.register("fdiff_metrics", config=FDiffSettings)
 def build_fdiff_metrics(settings: FDiffSettings) -> Callback:
     return FDiffMetrics(settings)

@@ -10,50 +10,17 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, fields
-from typing import Any
 
 import torch
 
-from llmfoundry.config.fields import option
 from llmfoundry.core import precision
 from llmfoundry.core.errors import ConfigError
-from llmfoundry.registry import callbacks
 from llmfoundry.train.callbacks.base import Callback
+from llmfoundry.train.callbacks.settings import GenerateSettings
 from llmfoundry.train.callbacks.tables import log_table
 
 log = logging.getLogger(__name__)
 KEY = "callbacks.generate_callback"
-OWN_KEYS = ("prompts", "interval", "batch_size")
-
-
-@dataclass
-class GenerateSettings:
-    prompts: list[str] = option(doc="the prompts to complete")
-    interval: str | int = option(doc="how often, e.g. 500ba or 1ep (an int is epochs); also at the end of training")
-    batch_size: int | None = option(None, "prompts per generate call (default: all at once)")
-    max_new_tokens: int | None = option(None, "generate's max_new_tokens")
-    min_new_tokens: int | None = option(None, "generate's min_new_tokens")
-    do_sample: bool | None = option(None, "generate's do_sample (sampling rather than greedy)")
-    temperature: float | None = option(None, "generate's temperature")
-    top_k: int | None = option(None, "generate's top_k")
-    top_p: float | None = option(None, "generate's top_p")
-    num_beams: int | None = option(None, "generate's num_beams")
-    repetition_penalty: float | None = option(None, "generate's repetition_penalty")
-    no_repeat_ngram_size: int | None = option(None, "generate's no_repeat_ngram_size")
-    use_cache: bool | None = option(None, "generate's use_cache")
-    eos_token_id: int | None = option(None, "generate's eos_token_id")
-    pad_token_id: int | None = option(None, "generate's pad_token_id")
-
-    def check_settings(self, path: str) -> list[str]:
-        problems = [] if self.prompts else [f"{path}.prompts: give at least one prompt"]
-        if self.batch_size is not None and self.batch_size <= 0:
-            problems.append(f"{path}.batch_size: must be positive, got {self.batch_size}")
-        return problems
-
-    def generate_kwargs(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)
-                if f.name not in OWN_KEYS and getattr(self, f.name) is not None}
 
 
 class Generate(Callback):
@@ -112,7 +79,5 @@ class Generate(Callback):
         log.info("generate_callback: %d prompts in %.1f s", len(self.s.prompts), time.perf_counter() - start)
 
 
-@callbacks.register("generate_callback", config=GenerateSettings, differs=(
-    "the table goes to loggers that record tables (log_table); with none, to the console, with a notice"))
 def build_generate(settings: GenerateSettings) -> Callback:
     return Generate(settings)

@@ -21,82 +21,25 @@ from __future__ import annotations
 import dataclasses
 import logging
 import shutil
-import string
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
 
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from llmfoundry.config.checks import TimeString
-from llmfoundry.config.fields import option
 from llmfoundry.core import dist, objectstore
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.core.notices import notice_once
 from llmfoundry.models.hf_export import export_hf
-from llmfoundry.registry import callbacks
 from llmfoundry.train import uploads
 from llmfoundry.train.builders import build_model
 from llmfoundry.train.callbacks.base import Callback
+from llmfoundry.train.callbacks.settings import NAME_FIELDS, HFCheckpointerSettings
 from llmfoundry.train.errors import TrainingStopped
 
 log = logging.getLogger(__name__)
 KEY = "callbacks.hf_checkpointer"
 SUBFOLDER = "huggingface"  # llm-foundry's: exports sit under save_folder/huggingface/
-# the names huggingface_folder_name may use: Composer's format_name_with_dist_and_time names this trainer tracks
-FOLDER_NAME_FIELDS = ("run_name", "rank", "world_size", "epoch", "batch", "batch_in_epoch", "sample", "token")
-
-
-@dataclass
-class HFCheckpointerSettings:
-    save_folder: str = option(doc="where the exports go, a local folder or s3://bucket/prefix; each one is "
-                                  "save_folder/huggingface/{huggingface_folder_name}")
-    save_interval: TimeString = option("1dur", "how often to export, e.g. 1000ba (and always at the end of training)")
-    huggingface_folder_name: str = option(
-        "ba{batch}", "name of each export under save_folder/huggingface/; may use " +
-        ", ".join("{" + name + "}" for name in FOLDER_NAME_FIELDS)
-    )
-    precision: Literal["fp32", "bf16", "fp16", "float32", "bfloat16", "float16"] = option(
-        "float32", "dtype of the exported weights"
-    )
-    overwrite: bool = option(True, "replace an export of the same name (false: an existing one is an error)")
-    mlflow_registered_model_name: str | None = option(
-        None, "register the final model in MLflow's model registry under this name",
-        unsupported="registering models in MLflow (mlflow_registered_model_name)"
-    )
-    mlflow_logging_config: dict[str, Any] | None = option(
-        None, "arguments of MLflow's save_model when registering",
-        unsupported="registering models in MLflow (mlflow_logging_config)"
-    )
-    final_register_only: bool = option(
-        False, "only register the final model in MLflow, without exporting it; without "
-        "mlflow_registered_model_name it falls back to exporting, with a warning (as in llm-foundry)"
-    )
-    register_wait_seconds: int = option(7200, "how long to wait for MLflow registration at the end (used only "
-                                              "when registering)")
-    flatten_imports: list[str] = option(
-        ["llmfoundry"], "import prefixes flattened in the custom MPT code files llm-foundry writes",
-        differs="no effect: exports use transformers' own classes and contain no custom code to flatten"
-    )
-
-    def check_settings(self, path: str) -> list[str]:
-        problems = []
-        if objectstore.is_remote(self.save_folder):
-            try:
-                objectstore.check_url(self.save_folder, f"{path}.save_folder")
-            except ConfigError as error:
-                problems.append(str(error))
-        try:
-            names = [field for _, field, _, _ in string.Formatter().parse(self.huggingface_folder_name) if field]
-        except ValueError as error:
-            names = [f"unbalanced braces: {error}"]
-        for name in names:
-            if name not in FOLDER_NAME_FIELDS:
-                problems.append(f"{path}.huggingface_folder_name: '{{{name}}}' in '{self.huggingface_folder_name}' "
-                                f"is not known (use {', '.join('{' + n + '}' for n in FOLDER_NAME_FIELDS)})")
-        return problems
 
 
 class HFCheckpointer(Callback):
@@ -132,7 +75,7 @@ class HFCheckpointer(Callback):
 
     def folder_name(self, trainer) -> str:
         fields = dict(vars(trainer.time), run_name=trainer.run_name, rank=dist.rank(), world_size=dist.world_size())
-        return self.s.huggingface_folder_name.format(**{k: fields[k] for k in FOLDER_NAME_FIELDS})
+        return self.s.huggingface_folder_name.format(**{k: fields[k] for k in NAME_FIELDS})
 
     def export(self, trainer, wait: bool = True) -> str | None:
         """Collective: every rank calls it. Rank 0 writes the export and returns its folder or URL. With
@@ -245,6 +188,5 @@ def _agree(check) -> None:
         raise ConfigError(problem)
 
 
-@callbacks.register("hf_checkpointer", config=HFCheckpointerSettings)
 def build_hf_checkpointer(settings: HFCheckpointerSettings) -> Callback:
     return HFCheckpointer(settings)

@@ -12,33 +12,16 @@ perplexity is averaged per token (exp of each token's loss; ignored positions co
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
-from llmfoundry.config.checks import PositiveInt
-from llmfoundry.config.fields import option
 from llmfoundry.core import dist
-from llmfoundry.registry import callbacks
 from llmfoundry.train.callbacks.base import Callback
+from llmfoundry.train.callbacks.settings import LossPerpVLenSettings
 from llmfoundry.train.callbacks.tables import log_table
 
 KEY = "callbacks.loss_perp_v_len"
 SUMS = ("loss", "perplexity", "length", "loss_seq_id", "perplexity_seq_id", "length_seq_id")
-
-
-@dataclass
-class LossPerpVLenSettings:
-    log_batch_interval: PositiveInt = option(doc="log the collected rows every this many batches")
-    compute_batch_interval: PositiveInt = option(doc="measure every this many batches (at most log_batch_interval)")
-    ignore_index: int = option(-100, "the label of positions without a target")
-
-    def check_settings(self, path: str) -> list[str]:
-        if self.compute_batch_interval > self.log_batch_interval:
-            return [f"{path}.compute_batch_interval: {self.compute_batch_interval} is longer than "
-                    f"log_batch_interval {self.log_batch_interval} (measure at least as often as you log)"]
-        return []
 
 
 class LossPerpVLen(Callback):
@@ -113,8 +96,5 @@ class LossPerpVLen(Callback):
         return out
 
 
-@callbacks.register("loss_perp_v_len", config=LossPerpVLenSettings, differs=(
-    "any model and any logger that records tables (else the console); llm-foundry requires an MPT model and an "
-    "MLflow logger"))
 def build_loss_perp_v_len(settings: LossPerpVLenSettings) -> Callback:
     return LossPerpVLen(settings)

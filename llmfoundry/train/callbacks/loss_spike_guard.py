@@ -12,25 +12,10 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
-from typing import Literal
 
-from llmfoundry.config.fields import option
-from llmfoundry.registry import callbacks
 from llmfoundry.train.callbacks.base import Callback
+from llmfoundry.train.callbacks.settings import LossSpikeGuardSettings
 from llmfoundry.train.errors import TrainingStopped
-
-
-@dataclass
-class LossSpikeGuardSettings:
-    action: Literal["stop", "skip", "checkpoint"] = option(
-        "stop", "stop = end training with an error; skip = drop the batch's update; checkpoint = drop the batch's "
-        "update, save a checkpoint and stop with an error (resuming goes on after the batch)")
-    check_nan: bool = option(True, "treat a NaN/inf loss as a spike")
-    spike_factor: float | None = option(3.0, "a loss above this multiple of the recent mean is a spike (null = off)")
-    window: int = option(20, "number of recent losses in the mean")
-    min_history: int = option(5, "no spike detection before this many losses")
-    max_consecutive_skips: int = option(5, "with action: skip, stop after this many skipped batches in a row")
 
 
 class LossSpikeGuard(Callback):
@@ -90,6 +75,5 @@ class LossSpikeGuard(Callback):
                               "(resume from it, e.g. with a lower learning rate, to go on after the batch)")
 
 
-@callbacks.register("loss_spike_guard", config=LossSpikeGuardSettings)
 def build_loss_spike_guard(settings: LossSpikeGuardSettings) -> Callback:
     return LossSpikeGuard(settings)

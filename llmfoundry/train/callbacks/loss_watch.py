@@ -15,23 +15,13 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from dataclasses import dataclass
 
-from llmfoundry.config.checks import PositiveInt
-from llmfoundry.config.fields import option
-from llmfoundry.registry import callbacks
 from llmfoundry.train.callbacks.base import Callback
+from llmfoundry.train.callbacks.settings import MAX_LOSS_CAP, MIN_WINDOW_SIZE, KillLossSpikeSettings, NaNMonitorSettings
 from llmfoundry.train.errors import TrainingStopped
 
 log = logging.getLogger(__name__)
-MIN_WINDOW_SIZE = 100  # llm-foundry's defaults, and the rule that grows the window with the run
-MAX_LOSS_CAP = 10.0
-WINDOW_FRACTION = 0.05
-
-
-@dataclass
-class NaNMonitorSettings:
-    pass
+WINDOW_FRACTION = 0.05  # llm-foundry's rule: a default window grows to this fraction of the run's batches
 
 
 class NaNMonitor(Callback):
@@ -40,17 +30,6 @@ class NaNMonitor(Callback):
             raise TrainingStopped(f"nan_monitor: the training loss is NaN at batch {trainer.time.batch + 1} (lower "
                                   "the learning rate, add gradient_clipping, or resume from an earlier checkpoint)")
         return False
-
-
-@dataclass
-class KillLossSpikeSettings:
-    log_only: bool = option(True, "true: only log a warning; false: stop the run with an error")
-    patience: int = option(4, "outliers in a row tolerated before it is a loss spike")
-    outlier_multiplier: float = option(2.0, "a loss this many times the window's mean is an outlier")
-    window_size: PositiveInt = option(MIN_WINDOW_SIZE, "losses in the window (left at 100: 5% of the run's "
-                                                       "batches, at least 100)")
-    loss_cap: float = option(MAX_LOSS_CAP, "a loss above this is high (left at 10: the first window's largest "
-                                           "loss, at most 10)")
 
 
 class KillLossSpike(Callback):
@@ -112,13 +91,9 @@ class KillLossSpike(Callback):
         trainer._print(where)
 
 
-@callbacks.register("nan_monitor", config=NaNMonitorSettings)
 def build_nan_monitor(settings: NaNMonitorSettings) -> Callback:
     return NaNMonitor()
 
 
-@callbacks.register("kill_loss_spike", config=KillLossSpikeSettings, differs=(
-    "with log_only a warning goes to the log and console (llm-foundry: run metadata on the MosaicML platform); a "
-    "window_size that is set stays that size and every batch is checked (llm-foundry's then only checks once)"))
 def build_kill_loss_spike(settings: KillLossSpikeSettings) -> Callback:
     return KillLossSpike(settings)

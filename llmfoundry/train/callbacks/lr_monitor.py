@@ -2,15 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from llmfoundry.registry import callbacks
 from llmfoundry.train.callbacks.base import Callback
-
-
-@dataclass
-class LRMonitorSettings:
-    pass
+from llmfoundry.train.callbacks.settings import LRMonitorSettings
 
 
 class LRMonitor(Callback):
@@ -20,6 +13,5 @@ class LRMonitor(Callback):
             metrics[f"lr-{name}/group{i}"] = float(group["lr"])
 
 
-@callbacks.register("lr_monitor", config=LRMonitorSettings)
 def build_lr_monitor(settings: LRMonitorSettings) -> Callback:
     return LRMonitor()

@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import math
 import resource
-from dataclasses import dataclass
 
 import torch
 
-from llmfoundry.config.fields import option
 from llmfoundry.core import dist
 from llmfoundry.core.notices import notice_once
-from llmfoundry.registry import callbacks
 from llmfoundry.train.callbacks.base import Callback
+from llmfoundry.train.callbacks.settings import MemoryMonitorSettings
 
 GB = 1e9
 
@@ -34,26 +32,6 @@ DEFAULT_MEMORY_KEYS = {
     "reserved_bytes.all.peak": "peak_reserved_mem",
     "num_alloc_retries": "alloc_retries",
 }
-
-
-@dataclass
-class MemoryMonitorSettings:
-    memory_keys: dict[str, str] | None = option(None, "torch.cuda.memory_stats() entries to log, each mapped to "
-                                                      "the name it is logged under as memory/<name> (default: "
-                                                      "Composer's nine: current_/peak_ allocated, active, inactive, "
-                                                      "reserved _mem, and alloc_retries)")
-    dist_aggregate_batch_interval: int | None = option(None, "every this many batches also log each statistic's "
-                                                             "_avg, _min and _max over all ranks (default: never)")
-    interval: int = option(1, "log every this many batches (not a Composer key: Composer logs every batch)")
-
-    def check_settings(self, path: str) -> list[str]:
-        problems = []
-        if self.interval < 1:
-            problems.append(f"{path}.interval: must be at least 1, got {self.interval}")
-        if self.dist_aggregate_batch_interval is not None and self.dist_aggregate_batch_interval < 1:
-            problems.append(f"{path}.dist_aggregate_batch_interval: must be at least 1 (or null to never "
-                            f"aggregate), got {self.dist_aggregate_batch_interval}")
-        return problems
 
 
 def round_significant(value: float, digits: int = 5) -> float:
@@ -133,8 +111,5 @@ class MemoryMonitor(Callback):
         metrics.update({f"memory/{name}": value for name, value in report.items()})
 
 
-@callbacks.register("memory_monitor", config=MemoryMonitorSettings,
-                    differs="on a CPU it logs the process's memory (memory/rss_mem, memory/peak_rss_mem); Composer "
-                            "logs nothing there")
 def build_memory_monitor(settings: MemoryMonitorSettings) -> Callback:
     return MemoryMonitor(settings)

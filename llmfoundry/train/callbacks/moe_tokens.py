@@ -10,25 +10,13 @@ The counts are this rank's training forwards of the batch (every microbatch), su
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from llmfoundry.config.checks import PositiveInt
-from llmfoundry.config.fields import option
 from llmfoundry.core import dist
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.models.layers.moe import DroplessMoE
-from llmfoundry.registry import callbacks
 from llmfoundry.train.callbacks.base import Callback
-
-
-@dataclass
-class TokPerExpertSettings:
-    log_interval: PositiveInt = option(10, "batches between logs")
-    log_every_layer: bool = option(False, "also log each layer's statistics (mb_moe/layer<i>_<stat>_tpe)")
-    all_reduce_stats: bool = option(False, "sum the counts over every rank (else this rank's, logged by rank 0)")
-    normalize: bool = option(True, "counts as a fraction of the layer's tokens (else raw token counts)")
+from llmfoundry.train.callbacks.settings import TokPerExpertSettings
 
 
 class TokPerExpert(Callback):
@@ -75,6 +63,5 @@ def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
     }
 
 
-@callbacks.register("mbmoe_tok_per_expert", config=TokPerExpertSettings)
 def build_tok_per_expert(settings: TokPerExpertSettings) -> Callback:
     return TokPerExpert(settings)

@@ -16,24 +16,14 @@ ranks, each part weighted by 1 / the number of ranks holding it, so every rank l
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 from torch.distributed.tensor import DTensor, Replicate
 
-from llmfoundry.config.checks import PositiveInt
-from llmfoundry.config.fields import option
 from llmfoundry.core import dist
-from llmfoundry.registry import callbacks
 from llmfoundry.train.callbacks.base import Callback
 from llmfoundry.train.callbacks.param_names import composer_name
-
-
-@dataclass
-class OptimizerMonitorSettings:
-    log_optimizer_metrics: bool = option(True, "also log the moment, parameter and update norms (Adam and Lion "
-                                               "optimizers)")
-    batch_log_interval: PositiveInt = option(10, "log every this many batches")
+from llmfoundry.train.callbacks.settings import OptimizerMonitorSettings
 
 
 class OptimizerMonitor(Callback):
@@ -104,8 +94,5 @@ def _optimizer_values(param: torch.Tensor, state: dict, group: dict | None) -> d
     return values
 
 
-@callbacks.register("optimizer_monitor", config=OptimizerMonitorSettings, differs=(
-    "l2_norm/update is the norm of the step applied (Composer's DecoupledAdamW adds the weight decay term with "
-    "the opposite sign); moment/param/update are reported for adamw too (Composer: its own optimizers only)"))
 def build_optimizer_monitor(settings: OptimizerMonitorSettings) -> Callback:
     return OptimizerMonitor(settings)

@@ -12,21 +12,13 @@ llm-foundry's (``model.transformer.blocks.0.ffn.up_proj.weight``) or this model'
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
-from llmfoundry.config.fields import option
 from llmfoundry.core.errors import ConfigError
-from llmfoundry.registry import callbacks
 from llmfoundry.train.callbacks.base import Callback
 from llmfoundry.train.callbacks.param_names import our_name
+from llmfoundry.train.callbacks.settings import GlobalLRScalingSettings, LayerFreezingSettings
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class GlobalLRScalingSettings:
-    lr_scale: float = option(doc="multiply the learning rate (and its schedule) by this")
-    wd_pct: float = option(0.0, "the new weight decay as a fraction of the (scaled) learning rate")
 
 
 class GlobalLRScaling(Callback):
@@ -50,12 +42,6 @@ class GlobalLRScaling(Callback):
         scheduler.base_lrs = [lr * self.s.lr_scale for lr in scheduler.base_lrs]
 
 
-@dataclass
-class LayerFreezingSettings:
-    layer_names: list[str] = option(doc="parameters to freeze, by name (llm-foundry's model.... names or this "
-                                        "model's own)")
-
-
 class LayerFreezing(Callback):
     def __init__(self, settings: LayerFreezingSettings):
         self.layer_names = list(settings.layer_names)
@@ -77,11 +63,9 @@ class LayerFreezing(Callback):
         trainer._print(f"layer_freezing: froze {len(frozen)} parameters")
 
 
-@callbacks.register("global_lr_scaling", config=GlobalLRScalingSettings)
 def build_global_lr_scaling(settings: GlobalLRScalingSettings) -> Callback:
     return GlobalLRScaling(settings)
 
 
-@callbacks.register("layer_freezing", config=LayerFreezingSettings)
 def build_layer_freezing(settings: LayerFreezingSettings) -> Callback:
     return LayerFreezing(settings)

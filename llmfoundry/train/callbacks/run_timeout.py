@@ -12,20 +12,11 @@ import logging
 import os
 import signal
 import threading
-from dataclasses import dataclass
 
-from llmfoundry.config.checks import PositiveInt
-from llmfoundry.config.fields import option
-from llmfoundry.registry import callbacks
 from llmfoundry.train.callbacks.base import Callback
+from llmfoundry.train.callbacks.settings import RunTimeoutSettings
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class RunTimeoutSettings:
-    timeout: PositiveInt = option(1800, "seconds the process may live on after training ends before it is "
-                                        "interrupted (SIGINT)")
 
 
 class RunTimeout(Callback):
@@ -47,6 +38,5 @@ class RunTimeout(Callback):
         os.kill(os.getpid(), signal.SIGINT)
 
 
-@callbacks.register("run_timeout", config=RunTimeoutSettings)
 def build_run_timeout(settings: RunTimeoutSettings) -> Callback:
     return RunTimeout(settings)

@@ -9,23 +9,10 @@ are several). The unit is also logged once as the hyperparameter time/remaining_
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
-from llmfoundry.config.fields import option
-from llmfoundry.registry import callbacks
 from llmfoundry.train.callbacks.base import Callback
-from llmfoundry.train.callbacks.speed_monitor import SECONDS_PER_UNIT, TimeUnit, WallClock
-
-
-@dataclass
-class RuntimeEstimatorSettings:
-    skip_batches: int = option(1, "leave the first batches (compilation, warm-up) out of the estimate")
-    time_unit: TimeUnit = option("hours", "unit of time/remaining_estimate: seconds, minutes, hours or days")
-
-    def check_settings(self, path: str) -> list[str]:
-        if self.skip_batches < 0:
-            return [f"{path}.skip_batches: must be >= 0, got {self.skip_batches}"]
-        return []
+from llmfoundry.train.callbacks.settings import SECONDS_PER_UNIT, RuntimeEstimatorSettings
+from llmfoundry.train.callbacks.speed_monitor import WallClock
 
 
 class RuntimeEstimator(Callback):
@@ -86,6 +73,5 @@ class RuntimeEstimator(Callback):
         self.fraction_per_eval = (self._fraction(trainer) - self.start_fraction) / len(self.eval_seconds)
 
 
-@callbacks.register("runtime_estimator", config=RuntimeEstimatorSettings)
 def build_runtime_estimator(settings: RuntimeEstimatorSettings) -> Callback:
     return RuntimeEstimator(settings)

@@ -7,28 +7,17 @@ Collection is on again during evaluation unless ``eval_keep_disabled``, and as i
 from __future__ import annotations
 
 import gc
-from dataclasses import dataclass
 
 import torch
 
-from llmfoundry.config.checks import PositiveInt
-from llmfoundry.config.fields import option
-from llmfoundry.registry import callbacks
 from llmfoundry.train.callbacks.base import Callback
+from llmfoundry.train.callbacks.settings import ScheduledGCSettings
 
 
 def collect() -> None:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-
-
-@dataclass
-class ScheduledGCSettings:
-    batch_interval: PositiveInt = option(doc="batches between full collections (gc.collect())")
-    gen_1_batch_interval: PositiveInt | None = option(None, "batches between generation-1 collections "
-                                                            "(gc.collect(1)); null = none")
-    eval_keep_disabled: bool = option(False, "keep automatic collection off during evaluation too")
 
 
 class ScheduledGC(Callback):
@@ -68,6 +57,5 @@ class ScheduledGC(Callback):
             gc.disable()
 
 
-@callbacks.register("scheduled_gc", config=ScheduledGCSettings)
 def build_scheduled_gc(settings: ScheduledGCSettings) -> Callback:
     return ScheduledGC(settings)

@@ -13,19 +13,13 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
-from llmfoundry.config.fields import option
 from llmfoundry.core import dist
 from llmfoundry.core.notices import notice_once
-from llmfoundry.registry import callbacks
 from llmfoundry.train.callbacks.base import Callback
-
-TimeUnit = Literal["seconds", "minutes", "hours", "days"]
-SECONDS_PER_UNIT = {"seconds": 1.0, "minutes": 60.0, "hours": 3600.0, "days": 86400.0}
+from llmfoundry.train.callbacks.settings import SECONDS_PER_UNIT, SpeedMonitorSettings
 
 # Dense peak FLOP/s per device family and trainer precision, as Composer's table has them (datasheets' sparse
 # figures halved). fp32 is plain fp32, not TF32.
@@ -69,25 +63,6 @@ def device_peak_tflops(device: torch.device) -> float | None:
     """Dense bf16 peak of ``device`` in TFLOP/s, or None when unknown (CPUs included)."""
     peak = device_peak_flops(device, "amp_bf16")
     return peak / 1e12 if peak else None
-
-
-@dataclass
-class SpeedMonitorSettings:
-    window_size: int = option(100, "number of batches in the rolling average of throughput (logged once the "
-                                   "window is full)")
-    gpu_flops_available: float | None = option(None, "per-device peak FLOP/s for throughput/device/mfu (default: "
-                                                     "from the GPU's name and the run's precision; none on a CPU)")
-    time_unit: TimeUnit = option("hours", "unit of time/train, time/val and time/total: seconds, minutes, hours "
-                                          "or days")
-
-    def check_settings(self, path: str) -> list[str]:
-        problems = []
-        if self.window_size < 1:
-            problems.append(f"{path}.window_size: must be at least 1, got {self.window_size}")
-        if self.gpu_flops_available is not None and self.gpu_flops_available < 0:
-            problems.append(f"{path}.gpu_flops_available: must be a FLOP/s count >= 0, got "
-                            f"{self.gpu_flops_available}")
-        return problems
 
 
 class WallClock:
@@ -189,8 +164,5 @@ class SpeedMonitor(Callback):
         self.clock.eval_ended()
 
 
-@callbacks.register("speed_monitor", config=SpeedMonitorSettings,
-                    differs="time/train, time/val and time/total start from 0 when a run resumes (Composer "
-                            "continues them from the checkpoint)")
 def build_speed_monitor(settings: SpeedMonitorSettings) -> Callback:
     return SpeedMonitor(settings)

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmfoundry.config.fields import option
-from llmfoundry.registry import callbacks
 
 REASONS = {
     "async_eval": "it launches evaluation runs on the MosaicML platform (mcli), which is not available here; "
@@ -53,10 +52,6 @@ class DatasetSwapSettings(_Refused):
     dataset_index: Any = option(None, "llm-foundry's key (refused with the callback)")
 
 
-def _refuse(settings: Any) -> None:
+def refuse(settings: Any) -> None:
+    """Their builder, never called: their settings' check_settings refuses them first."""
     raise AssertionError("validation refuses this callback before it is built")
-
-
-callbacks.register("async_eval", config=AsyncEvalSettings)(_refuse)
-callbacks.register("curriculum_learning", config=CurriculumLearningSettings)(_refuse)
-callbacks.register("dataset_swap", config=DatasetSwapSettings)(_refuse)

@@ -1,6 +1,2 @@
-"""Loggers by name. Importing this package registers the built-in ones (their libraries load only when used)."""
-
-from llmfoundry.train.loggers import in_memory, jsonl, mlflow, mosaicml, tensorboard, wandb  # noqa: F401
-from llmfoundry.train.loggers.base import Logger
-
-__all__ = ["Logger"]
+"""Metrics loggers (``base.Logger``). ``catalog`` names the built-in ones and ``settings`` holds their config
+sections; each logger's module (and its library: wandb, mlflow, tensorboard) is imported only when a run builds it."""

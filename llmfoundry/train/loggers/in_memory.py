@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from llmfoundry.core.secrets import mask_secrets
-from llmfoundry.registry import loggers
 from llmfoundry.train.loggers.base import Logger
+from llmfoundry.train.loggers.settings import InMemorySettings
 
 
 @dataclass(frozen=True)
@@ -33,11 +33,6 @@ class LoggedTime:
     batch: int = 0
     sample: int = 0
     token: int = 0
-
-
-@dataclass
-class InMemorySettings:
-    """Composer's InMemoryLogger takes no settings."""
 
 
 class InMemoryLogger(Logger):
@@ -79,13 +74,5 @@ class InMemoryLogger(Logger):
         return series
 
 
-DIFFERS = "timestamps hold epoch, batch, sample and token, without wall-clock durations"
-
-
-@loggers.register("inmemory", config=InMemorySettings, differs=DIFFERS)
 def build_in_memory(settings: InMemorySettings, run_name: str) -> Logger:
     return InMemoryLogger()
-
-
-# llm-foundry's older name
-loggers.register("in_memory_logger", config=InMemorySettings, differs=DIFFERS)(build_in_memory)

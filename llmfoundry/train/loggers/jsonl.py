@@ -8,18 +8,11 @@ that take every line with a top-level "step" for a metrics line keep working).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
-from llmfoundry.config.fields import option
 from llmfoundry.core.secrets import mask_secrets
-from llmfoundry.registry import loggers
 from llmfoundry.train.loggers.base import Logger
-
-
-@dataclass
-class JsonlSettings:
-    path: str = option("metrics.jsonl", "file to append metrics to")
+from llmfoundry.train.loggers.settings import JsonlSettings
 
 
 class JsonlLogger(Logger):
@@ -46,6 +39,5 @@ class JsonlLogger(Logger):
         self.file.close()
 
 
-@loggers.register("jsonl", config=JsonlSettings)
 def build_jsonl(settings: JsonlSettings, run_name: str) -> Logger:
     return JsonlLogger(settings)

@@ -14,12 +14,11 @@ import os
 import sys
 from typing import Any
 
-from llmfoundry.core.secrets import mask_secrets
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.core.notices import notice_once
-from llmfoundry.registry import loggers
+from llmfoundry.core.secrets import mask_secrets
 from llmfoundry.train.loggers.base import Logger, matches_any
-from llmfoundry.train.loggers.mlflow_settings import DEFAULT_EXPERIMENT, MLflowSettings, databricks_problem
+from llmfoundry.train.loggers.settings import DEFAULT_EXPERIMENT, MLflowSettings, databricks_problem
 
 MAX_PARAM_LENGTH = 6000  # MLflow refuses longer param values
 # Composer samples system metrics every 5 s and logs every 6 samples; these environment variables may say otherwise
@@ -178,8 +177,5 @@ class MLflowLogger(Logger):
             self.client.set_terminated(self.run_id, status=status)
 
 
-@loggers.register("mlflow", config=MLflowSettings,
-                  differs="params are the flattened config (model.n_layers, ...; Composer: one string per "
-                          "top-level key); no dataset inputs are logged (llm-foundry logs its loaders' sources)")
 def build_mlflow(settings: MLflowSettings, run_name: str) -> Logger:
     return MLflowLogger(settings, run_name)

@@ -10,30 +10,14 @@ step), which the TEXT tab shows as a table (Composer's TensorboardLogger does no
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from numbers import Number
 from typing import Any
 
 import yaml
 
-from llmfoundry.config.fields import option
 from llmfoundry.core.secrets import mask_secrets
-from llmfoundry.registry import loggers
 from llmfoundry.train.loggers.base import Logger
-
-
-@dataclass
-class TensorboardSettings:
-    log_dir: str | None = option(None, "folder of the run folders: events go to <log_dir>/<run_name> (default: "
-                                       "tensorboard_logs)")
-    flush_interval: int = option(100, "write events to disk on batches that are multiples of this")
-    rank_zero_only: bool = option(True, "log from rank 0 only",
-                                  unsupported="logging from every rank (loggers run on rank 0 only here)")
-
-    def check_settings(self, path: str) -> list[str]:
-        if self.flush_interval < 1:
-            return [f"{path}.flush_interval: must be at least 1, got {self.flush_interval}"]
-        return []
+from llmfoundry.train.loggers.settings import TensorboardSettings
 
 
 def hparam_value(value: Any) -> Any:
@@ -91,8 +75,5 @@ class TensorboardLogger(Logger):
         self.writer.close()
 
 
-@loggers.register("tensorboard", config=TensorboardSettings,
-                  differs="writes the hparams once, when the run ends (Composer: after each evaluation), and the "
-                          "config and the callbacks' tables as text (Composer writes neither)")
 def build_tensorboard(settings: TensorboardSettings, run_name: str) -> Logger:
     return TensorboardLogger(settings, run_name)

@@ -11,30 +11,12 @@ each checkpoint the trainer saves becomes an artifact named after its folder (ty
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmfoundry.config.fields import option
 from llmfoundry.core.secrets import mask_secrets
-from llmfoundry.registry import loggers
 from llmfoundry.train.loggers.base import Logger
-
-
-@dataclass
-class WandbSettings:
-    project: str | None = option(None, "wandb project")
-    group: str | None = option(None, "run group")
-    name: str | None = option(None, "run name (default: the recipe's run_name)")
-    entity: str | None = option(None, "wandb entity (user or team)")
-    tags: list[str] | None = option(None, "run tags")
-    log_artifacts: bool = option(False, "log each saved checkpoint as a wandb artifact")
-    rank_zero_only: bool = option(True, "log from rank 0 only",
-                                  unsupported="logging from every rank (loggers run on rank 0 only here)")
-    init_kwargs: dict[str, Any] = option(default_factory=dict, doc="more keyword arguments for wandb.init")
-    mode: str | None = option(None, "online, offline or disabled (default: WANDB_MODE or online; not a Composer "
-                                    "key, same as init_kwargs.mode)")
-    dir: str | None = option(None, "local folder for wandb files (not a Composer key, same as init_kwargs.dir)")
+from llmfoundry.train.loggers.settings import WandbSettings
 
 
 def init_arguments(settings: WandbSettings, run_name: str) -> dict[str, Any]:
@@ -91,6 +73,5 @@ class WandbLogger(Logger):
         self.run.finish()
 
 
-@loggers.register("wandb", config=WandbSettings)
 def build_wandb(settings: WandbSettings, run_name: str) -> Logger:
     return WandbLogger(settings, run_name)

@@ -1,7 +1,9 @@
-"""The keys of the mlflow logger: Composer's MLFlowLogger's, checked before anything runs.
+"""The config sections of the built-in loggers, checked before anything runs.
 
-What needs Databricks (its tracking server, Unity Catalog's model registry) is a one-line error: this logger
-writes to a local file store or to an MLflow tracking server, with the ``mlflow-skinny`` package.
+Kept apart from the loggers themselves (and from wandb, mlflow or tensorboard, imported when a run builds one), so
+that checking a recipe loads none of them. What needs Databricks (its tracking server, Unity Catalog's model
+registry) is a one-line error: the mlflow logger writes to a local file store or to an MLflow tracking server, with
+the ``mlflow-skinny`` package.
 """
 
 from __future__ import annotations
@@ -10,6 +12,49 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmfoundry.config.fields import option
+
+
+@dataclass
+class JsonlSettings:
+    path: str = option("metrics.jsonl", "file to append metrics to")
+
+
+@dataclass
+class InMemorySettings:
+    """Composer's InMemoryLogger takes no settings."""
+
+
+@dataclass
+class WandbSettings:
+    project: str | None = option(None, "wandb project")
+    group: str | None = option(None, "run group")
+    name: str | None = option(None, "run name (default: the recipe's run_name)")
+    entity: str | None = option(None, "wandb entity (user or team)")
+    tags: list[str] | None = option(None, "run tags")
+    log_artifacts: bool = option(False, "log each saved checkpoint as a wandb artifact")
+    rank_zero_only: bool = option(True, "log from rank 0 only",
+                                  unsupported="logging from every rank (loggers run on rank 0 only here)")
+    init_kwargs: dict[str, Any] = option(default_factory=dict, doc="more keyword arguments for wandb.init")
+    mode: str | None = option(None, "online, offline or disabled (default: WANDB_MODE or online; not a Composer "
+                                    "key, same as init_kwargs.mode)")
+    dir: str | None = option(None, "local folder for wandb files (not a Composer key, same as init_kwargs.dir)")
+
+
+@dataclass
+class TensorboardSettings:
+    log_dir: str | None = option(None, "folder of the run folders: events go to <log_dir>/<run_name> (default: "
+                                       "tensorboard_logs)")
+    flush_interval: int = option(100, "write events to disk on batches that are multiples of this")
+    rank_zero_only: bool = option(True, "log from rank 0 only",
+                                  unsupported="logging from every rank (loggers run on rank 0 only here)")
+
+    def check_settings(self, path: str) -> list[str]:
+        if self.flush_interval < 1:
+            return [f"{path}.flush_interval: must be at least 1, got {self.flush_interval}"]
+        return []
+
+
+# -- mlflow ----------------------------------------------------------------------------------------------------------
 
 DEFAULT_EXPERIMENT = "my-mlflow-experiment"  # Composer's, when neither the key nor MLFLOW_EXPERIMENT_NAME is set
 
@@ -73,3 +118,14 @@ class MLflowSettings:
         if self.logging_buffer_seconds is not None and self.logging_buffer_seconds < 0:
             problems.append(f"{path}.logging_buffer_seconds: must be >= 0, got {self.logging_buffer_seconds}")
         return problems
+
+
+@dataclass
+class MosaicMLSettings:
+    log_interval: Any = option(None, "Composer's key (refused with the logger)")
+    ignore_keys: Any = option(None, "Composer's key (refused with the logger)")
+    ignore_exceptions: Any = option(None, "Composer's key (refused with the logger)")
+
+    def check_settings(self, path: str) -> list[str]:
+        return [f"{path}: not available here: it reports to the MosaicML platform (mcli), which runs here do not "
+                "use; log with wandb, mlflow, tensorboard or jsonl instead"]
