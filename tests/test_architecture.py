@@ -17,6 +17,9 @@ OPTIONAL = {"peft", "lm_eval", "mlflow", "tensorboard", "torch.utils.tensorboard
 STAGED = {
     "llmfoundry/commands/train.py": {"llmfoundry.train.run"},
     "llmfoundry/commands/eval.py": {"llmfoundry.commands.eval_run"},
+    "llmfoundry/commands/convert.py": {"llmfoundry.commands.convert_run"},
+    "llmfoundry/inference/generate.py": {"llmfoundry.inference.generate_run"},
+    "llmfoundry/inference/chat.py": {"llmfoundry.inference.chat_session"},
     "llmfoundry/launch/ray.py": {"llmfoundry.launch.ray_worker"},  # with Ray itself, once the recipe is valid
 }
 MAX_LINES = 500

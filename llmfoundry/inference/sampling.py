@@ -1,38 +1,12 @@
-"""Decoding options shared by `llmfoundry generate` and `llmfoundry chat`: their flags, checks, generate() kwargs."""
+"""Decoding shared by `llmfoundry generate` and `llmfoundry chat`: the device, generate() kwargs, context room (their
+flags are inference/flags.py)."""
 
 from __future__ import annotations
-
-import argparse
 
 import torch
 
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.models.interface import context_length
-
-
-def add_sampling_arguments(parser: argparse.ArgumentParser, *, max_new_tokens: int, temperature: float,
-                           top_p: float) -> None:  # fmt: skip
-    """The decoding flags, with the command's own defaults for the three that differ between commands."""
-    parser.add_argument("--max_new_tokens", type=int, default=max_new_tokens, help="longest completion in tokens")
-    parser.add_argument("--temperature", type=float, default=temperature, help="0 = greedy")
-    parser.add_argument("--top_p", type=float, default=top_p, help="nucleus sampling: keep this much probability")
-    parser.add_argument("--top_k", type=int, default=0, help="0 = no top-k filtering")
-    parser.add_argument("--repetition_penalty", type=float, default=1.0, help="1 = none")
-    parser.add_argument("--seed", type=int, default=42, help="sampling seed")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-
-
-def check_sampling_arguments(args: argparse.Namespace) -> None:
-    if args.max_new_tokens <= 0:
-        raise ConfigError(f"--max_new_tokens: must be positive, got {args.max_new_tokens}")
-    if args.temperature < 0:
-        raise ConfigError(f"--temperature: must be >= 0, got {args.temperature}")
-    if not 0 < args.top_p <= 1:
-        raise ConfigError(f"--top_p: must be in (0, 1], got {args.top_p}")
-    if args.top_k < 0:
-        raise ConfigError(f"--top_k: must be >= 0, got {args.top_k}")
-    if args.repetition_penalty <= 0:
-        raise ConfigError(f"--repetition_penalty: must be positive, got {args.repetition_penalty}")
 
 
 def sampling_options(temperature: float, top_p: float = 1.0, top_k: int = 0,
@@ -66,3 +40,8 @@ def check_room(model, prompt_tokens: int, max_new_tokens: int) -> None:
         raise ConfigError(f"--max_new_tokens: a {prompt_tokens}-token prompt plus {max_new_tokens} new tokens exceeds "
                           f"the model's {limit} learned positions (use --max_new_tokens {max(limit - prompt_tokens, 0)} "
                           "or less, or a shorter prompt)")
+
+
+def device_named(name: str | None) -> str:
+    """The ``--device`` flag's value, its default (None) resolved: cuda when available, else cpu."""
+    return name or ("cuda" if torch.cuda.is_available() else "cpu")

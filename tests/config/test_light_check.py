@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from llmfoundry import registry
+from llmfoundry.cli import COMMANDS
 
 REPO = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "transformers", "streaming")
@@ -61,8 +62,7 @@ def test_an_eval_recipe_mistake_is_answered_without_the_heavy_stack():
     assert heavy == []
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["eval", "--help"], ["check", "--help"],
-                                  ["slurm", "--help"], ["k8s", "--help"]])
+@pytest.mark.parametrize("argv", [["--help"]] + [[command, "--help"] for command in COMMANDS])
 def test_help_stays_light(argv):
     code, out, err, heavy = run_cli(*argv)
     assert code == 0, err

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from llmfoundry.cli import main
-from llmfoundry.inference.chat import ChatSession, TerminalStreamer, parse_args
+from llmfoundry.inference.chat import parse_args
+from llmfoundry.inference.chat_session import ChatSession, TerminalStreamer
 from llmfoundry.loading import load_model
 from llmfoundry.models.hf_export import export_hf
 from llmfoundry.models.mpt.config import MPTConfig

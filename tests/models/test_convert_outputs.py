@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from llmfoundry.cli import main as cli
-from llmfoundry.commands.convert import check_uploaded_model, upload_model
+from llmfoundry.commands.convert_run import check_uploaded_model, upload_model
 from llmfoundry.core import objectstore
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.models.hf_export import export_hf

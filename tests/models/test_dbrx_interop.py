@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM, DbrxConfig, DbrxForCausalLM
 
 from llmfoundry.cli import main as cli
 from llmfoundry.core.errors import ConfigError
-from llmfoundry.inference.generate import generate_ids
+from llmfoundry.inference.generate_run import generate_ids
 from llmfoundry.models.hf_export import export_hf, to_transformers
 from llmfoundry.models.hf_import import from_transformers, load_as_mpt
 from llmfoundry.models.mpt.arch import MPTModelSettings

@@ -11,16 +11,18 @@ Each takes ``--ray [--ray-address ADDR] [--ray-workers N]`` to tokenize and writ
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 from llmfoundry.core.errors import ConfigError, did_you_mean
-from llmfoundry.data.prep import finetuning, json_data, text
 
+# subcommand -> ("module:function" run with the remaining arguments, one-line help); a converter's module (and
+# with it the tokenizer and MDS stack) is imported only when it runs, as cli.py does with the commands
 SUBCOMMANDS = {
-    "text": (text.main, "a folder of .txt files -> concatenated MDS"),
-    "json": (json_data.main_json, "JSON/JSONL records with a text field -> concatenated MDS"),
-    "hf": (json_data.main_hf, "a Hugging Face dataset -> concatenated MDS"),
-    "finetuning": (finetuning.main, "prompt/response or chat data -> MDS"),
+    "text": ("llmfoundry.data.prep.text:main", "a folder of .txt files -> concatenated MDS"),
+    "json": ("llmfoundry.data.prep.json_data:main_json", "JSON/JSONL records with a text field -> concatenated MDS"),
+    "hf": ("llmfoundry.data.prep.json_data:main_hf", "a Hugging Face dataset -> concatenated MDS"),
+    "finetuning": ("llmfoundry.data.prep.finetuning:main", "prompt/response or chat data -> MDS"),
 }
 
 
@@ -33,8 +35,8 @@ def main(argv: list[str]) -> int:
     if argv[0] not in SUBCOMMANDS:
         raise ConfigError(f"unknown data command '{argv[0]}'{did_you_mean(argv[0], SUBCOMMANDS)}; "
                           f"valid: {', '.join(SUBCOMMANDS)}")
-    command, _ = SUBCOMMANDS[argv[0]]
-    return command(argv[1:])
+    module, _, function = SUBCOMMANDS[argv[0]][0].partition(":")
+    return getattr(importlib.import_module(module), function)(argv[1:])
 
 
 if __name__ == "__main__":
