@@ -128,9 +128,8 @@ def s3_server(moto_s3, monkeypatch):
     yield moto_s3.url
 
 
-def pytest_terminal_summary(terminalreporter):
-    """Threads still alive in the pytest process: background threads that outlive their test (streaming's epoch
-    threads before data/text.py's EndsAbandonedEpochs) slow down every test after them."""
+def _threads_alive() -> str:
+    """``N (kind xcount, ...)``: the threads alive in this process."""
     import threading
 
     names: dict[str, int] = {}
@@ -138,4 +137,37 @@ def pytest_terminal_summary(terminalreporter):
         kind = thread.name.rstrip("0123456789_-")
         names[kind] = names.get(kind, 0) + 1
     shown = ", ".join(f"{name} x{count}" for name, count in sorted(names.items(), key=lambda item: -item[1])[:6])
-    terminalreporter.write_line(f"threads alive at the end: {threading.active_count()} ({shown})")
+    return f"{threading.active_count()} ({shown})"
+
+
+def pytest_sessionfinish(session):
+    """An xdist worker hands its count to the controller, which prints them all (pytest_testnodedown)."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["threads_alive"] = _threads_alive()
+
+
+_WORKER_THREADS: dict[str, str] = {}
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: known only when xdist runs
+def pytest_testnodedown(node, error):
+    _WORKER_THREADS[node.gateway.id] = getattr(node, "workeroutput", {}).get("threads_alive", "unknown")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Threads still alive in each process that ran tests: background threads that outlive their test
+    (streaming's epoch threads before data/text.py's EndsAbandonedEpochs) slow down every test after them."""
+    if _WORKER_THREADS:
+        for worker, threads in sorted(_WORKER_THREADS.items()):
+            terminalreporter.write_line(f"threads alive at the end of {worker}: {threads}")
+    else:
+        terminalreporter.write_line(f"threads alive at the end: {_threads_alive()}")
+
+
+def pytest_collection_modifyitems(items):
+    """Under pytest-xdist (``-n``), the tests that start a Ray cluster or use the Slurm daemons run on one worker,
+    one after another: two Ray head nodes, or two set-ups of the same daemons, must not overlap."""
+    for item in items:
+        if item.get_closest_marker("ray") or item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.xdist_group("cluster"))
