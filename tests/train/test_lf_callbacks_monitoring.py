@@ -196,6 +196,19 @@ def test_optimizer_monitor_logs_composer_named_norms(recipe, tmp_path):
     assert f"l2_norm/moment/{name}" in logged
 
 
+def test_gpu_metrics_name_the_gpu_by_its_uuid_as_nvml_spells_it():
+    """NVML is asked for the GPU by UUID (torch's index is not NVML's under CUDA_VISIBLE_DEVICES binding); torch's
+    bare UUID gets NVML's GPU- prefix, a MIG instance's name stays."""
+    import uuid
+
+    from llmfoundry.train.callbacks.environment import nvml_uuid
+
+    bare = uuid.UUID("5f3b8a1e-2c4d-4e6f-8a9b-0c1d2e3f4a5b")
+    assert nvml_uuid(bare) == "GPU-5f3b8a1e-2c4d-4e6f-8a9b-0c1d2e3f4a5b"
+    assert nvml_uuid("GPU-5f3b8a1e-2c4d-4e6f-8a9b-0c1d2e3f4a5b") == "GPU-5f3b8a1e-2c4d-4e6f-8a9b-0c1d2e3f4a5b"
+    assert nvml_uuid("MIG-1a2b3c4d-0000-1111-2222-333344445555") == "MIG-1a2b3c4d-0000-1111-2222-333344445555"
+
+
 def test_system_metrics_monitor_logs_cpu_memory_disk_and_network(recipe, tmp_path):
     path = tmp_path / "m.jsonl"
     make_trainer(recipe(eval_loader=None, max_duration="2ba", loggers={"jsonl": {"path": str(path)}},

@@ -47,7 +47,7 @@ def _psutil(key: str):
 class SystemMetricsMonitor(Callback):
     def __init__(self, settings: SystemMetricsMonitorSettings):
         self.log_all_data = settings.log_all_data
-        self.nvml = None
+        self.nvml = self.nvml_handle = None
         self.psutil = _psutil("callbacks.system_metrics_monitor")
 
     def on_fit_start(self, trainer):
@@ -59,6 +59,10 @@ class SystemMetricsMonitor(Callback):
                                   "nvidia-ml-py), or remove the callback") from None
             pynvml.nvmlInit()
             self.nvml = pynvml
+            # found once, by UUID: NVML numbers every GPU of the machine, torch only those CUDA_VISIBLE_DEVICES shows
+            # (Slurm's and Kubernetes' GPU binding), so torch's index can name another job's GPU
+            self.nvml_handle = pynvml.nvmlDeviceGetHandleByUUID(nvml_uuid(torch.cuda.get_device_properties(
+                trainer.device).uuid))
 
     def on_batch_end(self, trainer, metrics):
         everyone = _gather(self.local_metrics(trainer))
@@ -79,8 +83,7 @@ class SystemMetricsMonitor(Callback):
     def local_metrics(self, trainer) -> dict[str, float]:
         values: dict[str, float] = {}
         if self.nvml is not None:
-            nvml = self.nvml
-            handle = nvml.nvmlDeviceGetHandleByIndex(trainer.device.index or 0)
+            nvml, handle = self.nvml, self.nvml_handle
             rates = nvml.nvmlDeviceGetUtilizationRates(handle)
             values["gpu_percentage"] = float(rates.gpu)
             values["memory_percentage"] = float(rates.memory)
@@ -93,6 +96,13 @@ class SystemMetricsMonitor(Callback):
             for key, value in fields._asdict().items():
                 values[f"{prefix}_{key}"] = float(value)
         return values
+
+
+def nvml_uuid(torch_uuid) -> str:
+    """NVML's name of a device from ``torch.cuda.get_device_properties(d).uuid``: torch gives the bare UUID, NVML
+    wants it with its ``GPU-`` prefix (a MIG instance's ``MIG-`` name is kept as it is)."""
+    text = str(torch_uuid)
+    return text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
 
 
 def _gather(values: dict[str, float]) -> list[dict[str, float]]:
