@@ -10,6 +10,9 @@ Export picks the transformers class that can express the architecture:
   MLPs), RoPE, bias-free LayerNorm (eps 1e-5) and no biases, with any kv_n_heads and clip_qkv. DBRX always has an
   lm_head of its own, so a tied MPT exports its embedding twice (the same function).
 
+A ``logit_scale`` (llm-foundry's, e.g. 0.5 or inv_sqrt_d_model) is folded into an untied ``lm_head`` of the GPT-2
+and Llama exports: scale * (h @ W.T) is h @ (scale * W).T, so the exported logits are the same.
+
 Anything else is a ConfigError that names each option that stands in the way, because a silently different
 exported model is worse than none. Our parameter names already match transformers' MPT, so the MPT mapping is
 the identity; the Llama one splits the fused Wqkv into q/k/v projections; the DBRX one reshapes the experts'
@@ -61,7 +64,8 @@ def _act(arch: MPTArch) -> tuple[str, str]:
 
 # -- what each transformers class can express ----------------------------------------------------------------
 
-def _common_problems(arch: MPTArch, target: str) -> list[str]:
+def _common_problems(arch: MPTArch, target: str, *, folds_logit_scale: bool = False) -> list[str]:
+    """``folds_logit_scale``: the target can have an untied lm_head, which takes the scale (_output_head)."""
     a, p = arch.attn_config, "model"
     problems = []
     checks = [
@@ -70,7 +74,7 @@ def _common_problems(arch: MPTArch, target: str) -> list[str]:
         (a.sliding_window_size != -1, "attn_config.sliding_window_size", a.sliding_window_size),
         (a.attn_logit_softcapping is not None, "attn_config.attn_logit_softcapping", a.attn_logit_softcapping),
         (arch.final_logit_softcapping is not None, "final_logit_softcapping", arch.final_logit_softcapping),
-        (arch.logit_scale is not None, "logit_scale", arch.logit_scale),
+        (arch.logit_scale is not None and not folds_logit_scale, "logit_scale", arch.logit_scale),
         (arch.block_overrides is not None, "block_overrides", "(per-layer windows)"),
     ]
     for bad, key, value in checks:
@@ -147,7 +151,7 @@ def mpt_export_problems(arch: MPTArch) -> list[str]:
 
 def llama_export_problems(arch: MPTArch) -> list[str]:
     t = "transformers' LlamaForCausalLM"
-    problems = _common_problems(arch, t) + _plain_attention_problems(arch, t)
+    problems = _common_problems(arch, t, folds_logit_scale=True) + _plain_attention_problems(arch, t)
     if arch.learned_pos_emb:
         problems.append(f"model.learned_pos_emb: {t} has no learned position embeddings")
     return problems + _ffn_problems(arch, t, "mptglu", "a gated MLP") + _norm_problems(arch, t, "rmsnorm")
@@ -155,7 +159,8 @@ def llama_export_problems(arch: MPTArch) -> list[str]:
 
 def gpt2_export_problems(arch: MPTArch) -> list[str]:
     t = "transformers' GPT2LMHeadModel"
-    return (_common_problems(arch, t) + _multihead_problems(arch, t) + _plain_attention_problems(arch, t)
+    return (_common_problems(arch, t, folds_logit_scale=True) + _multihead_problems(arch, t)
+            + _plain_attention_problems(arch, t)
             + _rope_scaling_problems(arch, t)
             + _ffn_problems(arch, t, "mptmlp", "a plain MLP") + _norm_problems(arch, t, "layernorm"))
 
@@ -233,6 +238,23 @@ def to_transformers(model: MPTForCausalLM, *, eos_token_id=None, bos_token_id=No
     return hf_model.eval()
 
 
+def _tied_head(arch: MPTArch) -> bool:
+    """Whether the export ties its lm_head to the embeddings: as the model does, unless a logit_scale must go into
+    a head of its own."""
+    return arch.tie_word_embeddings and arch.logit_scale is None
+
+
+def _output_head(arch: MPTArch, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``{"lm_head.weight": ...}`` for an untied export (the logit_scale folded in), or nothing for a tied one."""
+    if _tied_head(arch):
+        return {}
+    head = state.get("lm_head.weight", state["transformer.wte.weight"])
+    if arch.logit_scale is None:
+        return {"lm_head.weight": head}
+    scale = 1 / math.sqrt(arch.d_model) if arch.logit_scale == "inv_sqrt_d_model" else float(arch.logit_scale)
+    return {"lm_head.weight": head * scale}
+
+
 def _unfused_qkv(arch: MPTArch, state: dict[str, torch.Tensor], i: int, kind: str) -> tuple:
     """(q, k, v) weights (kind='weight') or biases of block i, whether or not the model fuses them."""
     prefix = f"transformer.blocks.{i}.attn."
@@ -272,15 +294,14 @@ def _llama_from_state(arch: MPTArch, state: dict, tokens: dict) -> nn.Module:
         vocab_size=arch.vocab_size, hidden_size=arch.d_model, intermediate_size=arch.ffn_hidden,
         num_hidden_layers=arch.n_layers, num_attention_heads=arch.n_heads, num_key_value_heads=arch.kv_heads,
         head_dim=arch.head_size, hidden_act=_ACT_TO_HF[_act(arch)], max_position_embeddings=arch.max_seq_len,
-        rms_norm_eps=arch.norm_eps, tie_word_embeddings=arch.tie_word_embeddings, attention_bias=arch.qkv_bias,
+        rms_norm_eps=arch.norm_eps, tie_word_embeddings=_tied_head(arch), attention_bias=arch.qkv_bias,
         mlp_bias=not arch.no_bias,
         rope_parameters={"rope_type": "default", **(_rope_scaling(arch) or {}),
                          "rope_theta": float(arch.attn_config.rope_theta)},
         use_cache=True, **tokens,
     )  # fmt: skip
-    out = {"model.embed_tokens.weight": state["transformer.wte.weight"], "model.norm.weight": state["transformer.norm_f.weight"]}
-    if "lm_head.weight" in state:
-        out["lm_head.weight"] = state["lm_head.weight"]
+    out = {"model.embed_tokens.weight": state["transformer.wte.weight"], "model.norm.weight": state["transformer.norm_f.weight"],
+           **_output_head(arch, state)}
     for i in range(arch.n_layers):
         src, dst = f"transformer.blocks.{i}.", f"model.layers.{i}."
         out[dst + "input_layernorm.weight"] = state[src + "norm_1.weight"]
@@ -303,15 +324,14 @@ def _gpt2_from_state(arch: MPTArch, state: dict, tokens: dict) -> nn.Module:
         vocab_size=arch.vocab_size, n_positions=arch.max_seq_len, n_embd=arch.d_model, n_layer=arch.n_layers,
         n_head=arch.n_heads, n_inner=arch.ffn_hidden, activation_function=_ACT_TO_HF[_act(arch)],
         layer_norm_epsilon=arch.norm_eps, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-        tie_word_embeddings=arch.tie_word_embeddings, use_cache=True, **tokens,
+        tie_word_embeddings=_tied_head(arch), use_cache=True, **tokens,
     )  # fmt: skip
     zeros = lambda n: torch.zeros(n, dtype=state["transformer.wte.weight"].dtype)  # noqa: E731
     out = {"transformer.wte.weight": state["transformer.wte.weight"],
            "transformer.wpe.weight": state["transformer.wpe.weight"],
            "transformer.ln_f.weight": state["transformer.norm_f.weight"],
-           "transformer.ln_f.bias": state.get("transformer.norm_f.bias", zeros(arch.d_model))}  # fmt: skip
-    if "lm_head.weight" in state:
-        out["lm_head.weight"] = state["lm_head.weight"]
+           "transformer.ln_f.bias": state.get("transformer.norm_f.bias", zeros(arch.d_model)),
+           **_output_head(arch, state)}  # fmt: skip
     for i in range(arch.n_layers):
         src, dst = f"transformer.blocks.{i}.", f"transformer.h.{i}."
         layers = dict(state)

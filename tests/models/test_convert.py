@@ -24,7 +24,13 @@ ROPE_GQA_SWIGLU = dict(
 # llm-foundry's default MPT: learned positions, biases everywhere, LayerNorm, GELU MLP (untied, to test lm_head)
 LEARNED_BIASED = dict(learned_pos_emb=True, no_bias=False, norm_type="layernorm", tie_word_embeddings=False)
 CASES = {"mpt": (ALIBI_MHA_GELU, MptForCausalLM), "llama": (ROPE_GQA_SWIGLU, LlamaForCausalLM),
-         "gpt2": (LEARNED_BIASED, GPT2LMHeadModel)}
+         "gpt2": (LEARNED_BIASED, GPT2LMHeadModel),
+         # llm-foundry's biased MPT with a logit_scale: the scale goes into an untied lm_head (tied models too)
+         "gpt2_logit_scale": ({**LEARNED_BIASED, "logit_scale": 0.5}, GPT2LMHeadModel),
+         "gpt2_tied_inv_sqrt_d_model": ({**LEARNED_BIASED, "tie_word_embeddings": True,
+                                         "logit_scale": "inv_sqrt_d_model"}, GPT2LMHeadModel),
+         "llama_tied_logit_scale": ({**ROPE_GQA_SWIGLU, "tie_word_embeddings": True, "logit_scale": 0.25},
+                                    LlamaForCausalLM)}
 
 
 def _ours(overrides):
