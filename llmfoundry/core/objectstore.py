@@ -20,8 +20,10 @@ import hashlib
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -203,6 +205,8 @@ class Retry:
 
 # ----------------------------------------------------------------------------------------------- folders
 READ_DEADLINE_ENV = ("LLMFOUNDRY_S3_READ_DEADLINE", 120.0)
+DOWNLOAD_THREADS = 8  # objects of one download fetched at once (each large one is also split by s3transfer)
+DELETE_BATCH = 1000  # keys per DeleteObjects request: S3's limit
 
 
 class ObjectFolder:
@@ -217,10 +221,12 @@ class ObjectFolder:
         self.bucket, self.prefix = split_url(url, key)
         self.s3 = client(max_attempts=max_attempts)
         self.retries = 0  # reads asked again so far
+        self._counting = threading.Lock()  # downloads read from several threads
 
     def _read(self, fn: Callable[[], T]) -> T:
         def counted(error: Exception, wait: float) -> None:
-            self.retries += 1
+            with self._counting:
+                self.retries += 1
 
         deadline = time.monotonic() + _seconds(*READ_DEADLINE_ENV)
         return Retry(deadline, initial_s=0.1, max_s=4.0, on_retry=counted, only_if=is_transient).call(fn)
@@ -268,7 +274,8 @@ class ObjectFolder:
         return self._read(listing)
 
     def download(self, name: str, dest: Path, skip: Callable[[str], bool] = lambda rel: False) -> Path:
-        """Copy the objects under ``name`` into a fresh ``dest/name`` (each file written atomically); ``skip``
+        """Copy the objects under ``name`` into a fresh ``dest/name`` (each file written atomically), several at a
+        time (``DOWNLOAD_THREADS``: a checkpoint is one file per rank, and a resume waits for all of them); ``skip``
         leaves out relative paths. Returns that folder."""
         target = Path(dest) / inside(name, self.url)
         shutil.rmtree(target, ignore_errors=True)
@@ -276,19 +283,31 @@ class ObjectFolder:
         wanted = [(key, key[len(base) + 1:] if base else key) for key in self.list_keys(name)]
         # a console's "folder" placeholder (a key ending in /) holds nothing; every other key is checked first
         wanted = [(key, inside(rel, f"{self.url}/{name}")) for key, rel in wanted if not key.endswith("/")]
-        for key, rel in wanted:
-            if skip(rel):
-                continue
+
+        def fetch(key: str, rel: str) -> None:
             path = target / rel
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
             self._read(lambda: self.s3.download_file(self.bucket, key, str(tmp)))
             os.replace(tmp, path)
+
+        # the pool ends with the call: no thread outlives a download
+        with ThreadPoolExecutor(max_workers=DOWNLOAD_THREADS, thread_name_prefix="s3-download") as pool:
+            for done in [pool.submit(fetch, key, rel) for key, rel in wanted if not skip(rel)]:
+                done.result()  # the first failure is raised (the others finish or fail first)
         return target
 
     def delete(self, keys: list[str]) -> None:
-        for key in keys:
-            self.s3.delete_object(Bucket=self.bucket, Key=key)
+        """Delete ``keys`` in order, ``DELETE_BATCH`` per request (DeleteObjects): one request per key would take
+        minutes for a large checkpoint. A key the store could not delete is an error naming it."""
+        for start in range(0, len(keys), DELETE_BATCH):
+            batch = [{"Key": key} for key in keys[start:start + DELETE_BATCH]]
+            answer = self.s3.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
+            failed = answer.get("Errors") or []
+            if failed:
+                first = failed[0]
+                raise OSError(f"s3://{self.bucket}/{first.get('Key')}: not deleted ({first.get('Code')}: "
+                              f"{first.get('Message')}; {len(failed)} key(s) in all)")
 
 
 def inside(rel: str, where: str) -> str:
@@ -358,10 +377,7 @@ def remove_tree(root: str) -> None:
         shutil.rmtree(root, ignore_errors=True)
         return
     folder = ObjectFolder(root, max_attempts=3)
-    keys = folder.list_keys()
-    for start in range(0, len(keys), 1000):  # delete_objects takes at most 1000 keys
-        batch = [{"Key": k} for k in keys[start:start + 1000]]
-        folder.s3.delete_objects(Bucket=folder.bucket, Delete={"Objects": batch})
+    folder.delete(folder.list_keys())
 
 
 # ----------------------------------------------------------------------------------------------- staging

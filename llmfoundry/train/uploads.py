@@ -68,9 +68,11 @@ class RemoteCheckpoints(objectstore.ObjectFolder):
 
     def delete_checkpoint(self, name: str) -> None:
         keys = self.list_keys(name)
-        # The marker goes first, so a half-deleted checkpoint is never taken for a complete one.
-        keys.sort(key=lambda k: not k.endswith("/" + COMPLETE))
-        self.delete(keys)
+        # The marker goes first, in a request of its own (a batch's keys go in no set order), so a half-deleted
+        # checkpoint is never taken for a complete one.
+        marker = [k for k in keys if k.endswith("/" + COMPLETE)]
+        self.delete(marker)
+        self.delete([k for k in keys if k not in marker])
 
 
 def resolve_remote(url: str, key: str = "load_path") -> tuple[RemoteCheckpoints, str]:
