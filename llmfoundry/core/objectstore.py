@@ -101,8 +101,9 @@ def _seconds(name: str, default: float) -> float:
 
 def client(max_attempts: int = 3, connect_timeout_s: float | None = None, read_timeout_s: float | None = None):
     """An S3 client for AWS or any S3-compatible store, its requests bounded by ``LLMFOUNDRY_S3_CONNECT_TIMEOUT``
-    (5 s) and ``LLMFOUNDRY_S3_READ_TIMEOUT`` (60 s) unless given here. ``max_attempts=1`` leaves retrying to the
-    caller (see :class:`Retry`), as the checkpoint uploads do."""
+    (5 s) and ``LLMFOUNDRY_S3_READ_TIMEOUT`` (60 s) unless given here. ``max_attempts`` is botocore's retries
+    setting of that name: how often a failed request is asked again after its first attempt (1 = once more); the
+    callers' :class:`Retry` loops go on beyond that."""
     import boto3  # an optional extra of its own ("s3"); imported on first use
     from botocore.config import Config
 
@@ -116,6 +117,24 @@ def client(max_attempts: int = 3, connect_timeout_s: float | None = None, read_t
     config = Config(retries={"max_attempts": max_attempts, "mode": "standard"}, connect_timeout=connect,
                     read_timeout=read, **options)
     return boto3.session.Session().client("s3", endpoint_url=endpoint(), config=config)
+
+
+# How often botocore asks again for each request of an upload (every part of a multipart upload too) before the
+# caller's Retry starts the file again: with one retry, a part failing twice restarted a multi-GB upload from its
+# first byte (and a store failing every new part twice never took the file).
+UPLOAD_REQUEST_RETRIES = 5
+
+
+def count_failed_requests(s3, on_failure: Callable[[], None]) -> None:
+    """Call ``on_failure`` for each request attempt of the client ``s3`` that failed (no answer, a 5xx or 429),
+    whether botocore then asks again or gives up: what retried inside botocore stays visible to the caller."""
+    def needs_retry(response=None, caught_exception=None, **_) -> None:
+        status = response[0].status_code if response is not None else None
+        if caught_exception is not None or (status is not None and (status >= 500 or status == 429)):
+            on_failure()
+        # None: no opinion; botocore's own handler decides whether to retry
+
+    s3.meta.events.register_first("needs-retry.s3", needs_retry)
 
 
 def error_code(error: BaseException) -> str:

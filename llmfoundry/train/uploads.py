@@ -111,11 +111,13 @@ class Uploader:
         self.timeout_s = timeout_s
         self.initial_backoff_s = initial_backoff_s
         self.max_backoff_s = max_backoff_s
-        self.folder = RemoteCheckpoints(url)
+        self.folder = RemoteCheckpoints(url, max_attempts=objectstore.UPLOAD_REQUEST_RETRIES)
         self.jobs: queue.Queue[UploadJob | None] = queue.Queue()
         self.completed: list[str] = []  # checkpoints this rank finished uploading (rank 0: marked complete)
         self.failed: list[str] = []
-        self.retries = 0
+        self.retries = 0  # failed requests (botocore's retries of a part included) and files started again
+        self._counting = threading.Lock()  # s3transfer's threads count too
+        objectstore.count_failed_requests(self.folder.s3, self._count_retry)
         self._thread = threading.Thread(target=self._run, name=f"checkpoint-upload-rank{rank}", daemon=True)
         self._thread.start()
 
@@ -155,9 +157,13 @@ class Uploader:
             finally:
                 self.jobs.task_done()
 
+    def _count_retry(self) -> None:
+        with self._counting:
+            self.retries += 1
+
     def _retry(self, deadline: float) -> objectstore.Retry:
         def on_retry(error: Exception, wait: float) -> None:
-            self.retries += 1
+            self._count_retry()
             log.warning("checkpoint upload to %s: %s; retrying in %.1f s", self.url, type(error).__name__, wait)
 
         return objectstore.Retry(deadline, self.initial_backoff_s, self.max_backoff_s, on_retry)
@@ -205,7 +211,7 @@ def publish_folder(staged: Path, url: str, retry: objectstore.Retry, *, last: tu
     earlier copy under ``url`` is replaced: its marker and ``last`` files are deleted first, its other stale files
     once the new ones are up. Used for Hugging Face exports (hf_checkpointer, ``llmfoundry convert``); returns the
     relative paths uploaded."""
-    folder = objectstore.ObjectFolder(url, max_attempts=1)
+    folder = objectstore.ObjectFolder(url, max_attempts=objectstore.UPLOAD_REQUEST_RETRIES)
     s3, bucket = folder.s3, folder.bucket
 
     def delete(key: str) -> None:

@@ -1,17 +1,20 @@
-"""Transfers with many objects (#31): a download fetches several objects at once, a delete sends one request per
-thousand keys (S3's limit), and a checkpoint's completion marker is deleted before anything else (a moto S3 server; the
-client's own event hooks count the requests)."""
+"""Transfers (#31): a download fetches several objects at once, a delete sends one request per thousand keys (S3's
+limit), a checkpoint's completion marker is deleted before anything else, and a failed part of an upload is sent
+again alone (a moto S3 server; the client's own event hooks, or a proxy, count the requests)."""
 
 from __future__ import annotations
 
 import threading
 import time
+from urllib.parse import parse_qs, urlparse
 
 import boto3
 
 from llmfoundry.core import objectstore
+from llmfoundry.train import uploads
 from llmfoundry.train.uploads import COMPLETE, RemoteCheckpoints
 from tests.helpers import S3_TEST_BUCKET
+from tests.http_fault_proxy import FaultProxy
 
 
 def _put(s3_server, files: dict[str, bytes]) -> None:
@@ -85,3 +88,28 @@ def test_a_checkpoint_loses_its_completion_marker_before_its_files(s3_server):
     assert sent[0] == [f"run/ep0-ba2/{COMPLETE}"]  # alone, first: a half-deleted checkpoint is never "complete"
     assert sorted(sent[1]) == sorted(names[:3])
     assert folder.list_keys("ep0-ba2") == []
+
+
+def test_a_failed_part_is_sent_again_alone_not_the_whole_file(s3_server, monkeypatch, tmp_path):
+    """Every PUT path (each part of a multipart upload, each small file) is answered with 503 twice: an upload goes
+    through with each part sent three times under one upload id. Starting the file again would give every new
+    upload id's parts their own first failures, and never finish (as with botocore's one retry before)."""
+    target = urlparse(s3_server)
+    proxy = FaultProxy(target.hostname, target.port, failures=2, methods=("PUT",))
+    monkeypatch.setenv("S3_ENDPOINT_URL", proxy.url)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", proxy.url)
+    staged = tmp_path / "hf"
+    staged.mkdir()
+    big = bytes(range(256)) * (9 * 4096)  # 9 MiB: two parts (boto3 splits at 8 MiB)
+    (staged / "model.safetensors").write_bytes(big)
+    (staged / "config.json").write_text("{}")
+    try:
+        uploads.publish_folder(staged, f"s3://{S3_TEST_BUCKET}/export", objectstore.Retry(time.monotonic() + 20),
+                               last=("config.json",))
+    finally:
+        proxy.close()
+    parts = {path: count for (method, path), count in proxy.seen.items() if "partNumber=" in path}
+    assert len(parts) == 2 and set(parts.values()) == {3}, parts
+    assert len({parse_qs(urlparse(path).query)["uploadId"][0] for path in parts}) == 1
+    store = boto3.client("s3", endpoint_url=s3_server)
+    assert store.get_object(Bucket=S3_TEST_BUCKET, Key="export/model.safetensors")["Body"].read() == big
