@@ -104,7 +104,7 @@ def client(max_attempts: int = 3, connect_timeout_s: float | None = None, read_t
     (5 s) and ``LLMFOUNDRY_S3_READ_TIMEOUT`` (60 s) unless given here. ``max_attempts`` is botocore's retries
     setting of that name: how often a failed request is asked again after its first attempt (1 = once more); the
     callers' :class:`Retry` loops go on beyond that."""
-    import boto3  # an optional extra of its own ("s3"); imported on first use
+    import boto3  # imported on first use: checking a recipe or a URL does not need it
     from botocore.config import Config
 
     connect = connect_timeout_s if connect_timeout_s is not None else _seconds(*TIMEOUT_ENV["connect_timeout_s"])
@@ -114,15 +114,16 @@ def client(max_attempts: int = 3, connect_timeout_s: float | None = None, read_t
         # boto3 >= 1.36 adds CRC checksums to every upload by default; several S3-compatible stores (B2, Ceph,
         # OCI's S3 API, some MinIO versions) reject them. They are sent only where the operation requires them.
         options = {"request_checksum_calculation": "when_required", "response_checksum_validation": "when_required"}
+    # a download runs DOWNLOAD_THREADS objects at once, each split by s3transfer into up to 10 ranged requests
     config = Config(retries={"max_attempts": max_attempts, "mode": "standard"}, connect_timeout=connect,
-                    read_timeout=read, **options)
+                    read_timeout=read, max_pool_connections=DOWNLOAD_THREADS * 10, **options)
     return boto3.session.Session().client("s3", endpoint_url=endpoint(), config=config)
 
 
 # How often botocore asks again for each request of an upload (every part of a multipart upload too) before the
 # caller's Retry starts the file again: with one retry, a part failing twice restarted a multi-GB upload from its
 # first byte (and a store failing every new part twice never took the file).
-UPLOAD_REQUEST_RETRIES = 5
+UPLOAD_REQUEST_RETRIES = 3
 
 
 def count_failed_requests(s3, on_failure: Callable[[], None]) -> None:
@@ -226,6 +227,9 @@ class Retry:
 READ_DEADLINE_ENV = ("LLMFOUNDRY_S3_READ_DEADLINE", 120.0)
 DOWNLOAD_THREADS = 8  # objects of one download fetched at once (each large one is also split by s3transfer)
 DELETE_BATCH = 1000  # keys per DeleteObjects request: S3's limit
+# how S3-compatible stores refuse DeleteObjects (not implemented, or its required checksum header not accepted)
+BATCH_DELETE_REFUSED = {"NotImplemented", "MissingContentMD5", "InvalidRequest", "BadDigest", "InvalidDigest",
+                        "XAmzContentChecksumMismatch", "MethodNotAllowed"}
 
 
 class ObjectFolder:
@@ -310,10 +314,16 @@ class ObjectFolder:
             self._read(lambda: self.s3.download_file(self.bucket, key, str(tmp)))
             os.replace(tmp, path)
 
-        # the pool ends with the call: no thread outlives a download
-        with ThreadPoolExecutor(max_workers=DOWNLOAD_THREADS, thread_name_prefix="s3-download") as pool:
+        # the pool ends with the call: no thread outlives a download; the first failure (or Ctrl-C) cancels the
+        # objects not started yet instead of waiting for all of them
+        pool = ThreadPoolExecutor(max_workers=DOWNLOAD_THREADS, thread_name_prefix="s3-download")
+        try:
             for done in [pool.submit(fetch, key, rel) for key, rel in wanted if not skip(rel)]:
-                done.result()  # the first failure is raised (the others finish or fail first)
+                done.result()
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)
         return target
 
     def delete(self, keys: list[str]) -> None:
@@ -321,7 +331,15 @@ class ObjectFolder:
         minutes for a large checkpoint. A key the store could not delete is an error naming it."""
         for start in range(0, len(keys), DELETE_BATCH):
             batch = [{"Key": key} for key in keys[start:start + DELETE_BATCH]]
-            answer = self.s3.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
+            try:
+                answer = self.s3.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
+            except Exception as error:  # noqa: BLE001 - botocore's ClientError
+                if error_code(error) not in BATCH_DELETE_REFUSED:
+                    raise
+                # an S3-compatible store without DeleteObjects, or refusing its checksum: one request per key
+                for item in batch:
+                    self.s3.delete_object(Bucket=self.bucket, Key=item["Key"])
+                continue
             failed = answer.get("Errors") or []
             if failed:
                 first = failed[0]

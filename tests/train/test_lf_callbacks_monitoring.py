@@ -197,16 +197,15 @@ def test_optimizer_monitor_logs_composer_named_norms(recipe, tmp_path):
 
 
 def test_gpu_metrics_name_the_gpu_by_its_uuid_as_nvml_spells_it():
-    """NVML is asked for the GPU by UUID (torch's index is not NVML's under CUDA_VISIBLE_DEVICES binding); torch's
-    bare UUID gets NVML's GPU- prefix, a MIG instance's name stays."""
+    """NVML is asked for the GPU by UUID (torch's index is not NVML's under CUDA_VISIBLE_DEVICES binding): torch's
+    bare UUID as a whole GPU's GPU- name, then a MIG instance's MIG- name; a prefixed name as it is."""
     import uuid
 
-    from llmfoundry.train.callbacks.environment import nvml_uuid
+    from llmfoundry.train.callbacks.environment import nvml_names
 
     bare = uuid.UUID("5f3b8a1e-2c4d-4e6f-8a9b-0c1d2e3f4a5b")
-    assert nvml_uuid(bare) == "GPU-5f3b8a1e-2c4d-4e6f-8a9b-0c1d2e3f4a5b"
-    assert nvml_uuid("GPU-5f3b8a1e-2c4d-4e6f-8a9b-0c1d2e3f4a5b") == "GPU-5f3b8a1e-2c4d-4e6f-8a9b-0c1d2e3f4a5b"
-    assert nvml_uuid("MIG-1a2b3c4d-0000-1111-2222-333344445555") == "MIG-1a2b3c4d-0000-1111-2222-333344445555"
+    assert nvml_names(bare) == ["GPU-5f3b8a1e-2c4d-4e6f-8a9b-0c1d2e3f4a5b", "MIG-5f3b8a1e-2c4d-4e6f-8a9b-0c1d2e3f4a5b"]
+    assert nvml_names("GPU-5f3b8a1e-2c4d-4e6f-8a9b-0c1d2e3f4a5b") == ["GPU-5f3b8a1e-2c4d-4e6f-8a9b-0c1d2e3f4a5b"]
 
 
 def test_system_metrics_monitor_logs_cpu_memory_disk_and_network(recipe, tmp_path):

@@ -17,7 +17,7 @@ from llmfoundry.core.errors import first_line
 DEFAULT_ACT_FN = {"name": "gelu", "approximate": "none"}  # llm-foundry's default for every ffn_type
 
 # function of torch.nn.functional -> keyword arguments with which it maps any tensor to one of the same shape
-# (tests/models/test_act_fn.py tries every one on torch)
+# (tests/models/test_catalog.py tries every one on torch)
 KNOWN_ACTIVATIONS: dict[str, list[dict[str, Any]]] = {
     "gelu": [{}, {"approximate": "none"}, {"approximate": "tanh"}],
     **{name: [{}] for name in ("silu", "relu", "leaky_relu", "sigmoid", "tanh", "mish", "elu", "selu", "celu",

@@ -59,10 +59,7 @@ class SystemMetricsMonitor(Callback):
                                   "nvidia-ml-py), or remove the callback") from None
             pynvml.nvmlInit()
             self.nvml = pynvml
-            # found once, by UUID: NVML numbers every GPU of the machine, torch only those CUDA_VISIBLE_DEVICES shows
-            # (Slurm's and Kubernetes' GPU binding), so torch's index can name another job's GPU
-            self.nvml_handle = pynvml.nvmlDeviceGetHandleByUUID(nvml_uuid(torch.cuda.get_device_properties(
-                trainer.device).uuid))
+            self.nvml_handle = nvml_handle(pynvml, trainer.device)
 
     def on_batch_end(self, trainer, metrics):
         everyone = _gather(self.local_metrics(trainer))
@@ -98,11 +95,25 @@ class SystemMetricsMonitor(Callback):
         return values
 
 
-def nvml_uuid(torch_uuid) -> str:
-    """NVML's name of a device from ``torch.cuda.get_device_properties(d).uuid``: torch gives the bare UUID, NVML
-    wants it with its ``GPU-`` prefix (a MIG instance's ``MIG-`` name is kept as it is)."""
+def nvml_names(torch_uuid) -> list[str]:
+    """NVML's possible names of a device from ``torch.cuda.get_device_properties(d).uuid`` (torch gives the bare
+    UUID): a whole GPU's ``GPU-`` name, then a MIG instance's ``MIG-`` name."""
     text = str(torch_uuid)
-    return text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
+    return [text] if text.startswith(("GPU-", "MIG-")) else [f"GPU-{text}", f"MIG-{text}"]
+
+
+def nvml_handle(nvml, device: torch.device):
+    """NVML's handle of this rank's GPU, found by UUID: NVML numbers every GPU of the machine, torch only those
+    CUDA_VISIBLE_DEVICES shows (Slurm's and Kubernetes' GPU binding), so torch's index can name another job's GPU.
+    Where no name is found, torch's index, with a notice."""
+    for name in nvml_names(torch.cuda.get_device_properties(device).uuid):
+        try:
+            return nvml.nvmlDeviceGetHandleByUUID(name)
+        except nvml.NVMLError:
+            continue
+    notice_once(f"callbacks.system_metrics_monitor: NVML knows no GPU by the UUID of {device}; its metrics are "
+                "read by torch's device index, which names another GPU under CUDA_VISIBLE_DEVICES binding")
+    return nvml.nvmlDeviceGetHandleByIndex(device.index or 0)
 
 
 def _gather(values: dict[str, float]) -> list[dict[str, float]]:
