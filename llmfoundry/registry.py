@@ -29,6 +29,13 @@ from typing import Any
 from llmfoundry.core.errors import ConfigError, did_you_mean
 
 
+def resolve(reference: str) -> Any:
+    """The object a ``"package.module:attribute"`` reference names, its module imported now (how catalogs and the
+    command tables name code that is loaded only when it runs)."""
+    module, _, attribute = reference.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
 @dataclass(frozen=True)
 class Entry:
     name: str
@@ -39,10 +46,7 @@ class Entry:
     @property
     def builder(self) -> Callable[..., Any]:
         """The builder; a declared one is imported here, when something is built, not when a recipe is checked."""
-        if not isinstance(self.target, str):
-            return self.target
-        module, _, attribute = self.target.partition(":")
-        return getattr(importlib.import_module(module), attribute)
+        return self.target if not isinstance(self.target, str) else resolve(self.target)
 
 
 class Registry:

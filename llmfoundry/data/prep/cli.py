@@ -11,10 +11,10 @@ Each takes ``--ray [--ray-address ADDR] [--ray-workers N]`` to tokenize and writ
 
 from __future__ import annotations
 
-import importlib
 import sys
 
 from llmfoundry.core.errors import ConfigError, did_you_mean
+from llmfoundry.registry import resolve
 
 # subcommand -> ("module:function" run with the remaining arguments, one-line help); a converter's module (and
 # with it the tokenizer and MDS stack) is imported only when it runs, as cli.py does with the commands
@@ -35,8 +35,7 @@ def main(argv: list[str]) -> int:
     if argv[0] not in SUBCOMMANDS:
         raise ConfigError(f"unknown data command '{argv[0]}'{did_you_mean(argv[0], SUBCOMMANDS)}; "
                           f"valid: {', '.join(SUBCOMMANDS)}")
-    module, _, function = SUBCOMMANDS[argv[0]][0].partition(":")
-    return getattr(importlib.import_module(module), function)(argv[1:])
+    return resolve(SUBCOMMANDS[argv[0]][0])(argv[1:])
 
 
 if __name__ == "__main__":
