@@ -58,7 +58,7 @@ from benchmarks.chaos_world import (  # noqa: E402
     s3_client,
     s3_keys,
 )
-from tests.dist.helpers import descendants, kill_tree  # noqa: E402
+from tests.distributed.helpers import descendants, kill_tree  # noqa: E402
 
 
 # ----------------------------------------------------------------------------------------------- faults

@@ -20,7 +20,7 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 
 from tests.conftest import MotoS3Server  # noqa: E402
-from tests.dist.helpers import WORKER, kill_tree, torchrun_args, worker_env  # noqa: E402
+from tests.distributed.helpers import WORKER, kill_tree, torchrun_args, worker_env  # noqa: E402
 from tests.helpers import TINY_RECIPE_SEQ, convert_text_folder, make_corpus, tiny_recipe, write_text_folder  # noqa: E402
 from tests.tcp_proxy import TcpProxy  # noqa: E402
 

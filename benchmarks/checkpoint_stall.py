@@ -174,7 +174,7 @@ def run_job(args, work: Path, mds: Path, tokenizer: Path, env: dict, nproc: int,
 
 
 def run_case(args, work: Path, mds: Path, tokenizer: Path, env: dict, nproc: int, repeat: int, case: str) -> dict:
-    from tests.dist.helpers import torchrun_args, worker_env
+    from tests.distributed.helpers import torchrun_args, worker_env
 
     tag = f"n{nproc}-r{repeat}-{case.replace(' ', '-')}"
     spec = {"cases": [case], "work": str(work), "mds": str(mds),

@@ -15,7 +15,7 @@ import torch
 import yaml
 
 from llmfoundry import cli
-from tests.dist.helpers import (  # WORKER: registers record_samples and hold (via code_paths)
+from tests.distributed.helpers import (  # WORKER: registers record_samples and hold (via code_paths)
     REPO, WORKER, checkpoint_weights, losses, run_job, seen_rows, torchrun_args, worker_env)
 from tests.helpers import tiny_recipe
 
@@ -149,7 +149,7 @@ def job_ended(job_id: str) -> str | None:
 
 
 def hold(recipe: dict, folder: Path, batch: int, release: bool = True, name: str = "hold", **settings) -> dict:
-    """``recipe`` with tests/dist/_train_worker.py's `hold` callback (or its twin `second_hold`), which parks every
+    """``recipe`` with tests/distributed/_train_worker.py's `hold` callback (or its twin `second_hold`), which parks every
     rank at the end of ``batch`` on the first attempt, until ``release_hold(folder, batch)`` (when ``release``), a
     signal or a kill: the test's fault then lands at that batch, before it is logged, saved or checked for
     preemption, however fast the machine trains."""

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from llmfoundry.launch.k8s import RECIPE_ENV, KubeJob
-from tests.dist.helpers import checkpoint_weights, worker_env
+from tests.distributed.helpers import checkpoint_weights, worker_env
 from tests.launch.launch_helpers import OWN_SHM, llmfoundry, write_recipe
 from tests.planted_secrets import leaks
 

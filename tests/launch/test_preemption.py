@@ -18,7 +18,7 @@ from llmfoundry.train.checkpoint import latest_checkpoint
 from llmfoundry.train.preemption import Preemption
 from llmfoundry.train.preemption_protocol import CANCEL_EXIT_CODE, REQUEUE_EXIT_CODE, parse_wallclock, signal_number
 from llmfoundry.train.recipe import TrainConfig, validate
-from tests.dist.helpers import (
+from tests.distributed.helpers import (
     checkpoint_weights,
     descendants,
     launch,

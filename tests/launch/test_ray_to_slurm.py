@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.dist.helpers import kill_tree, losses, worker_env
+from tests.distributed.helpers import kill_tree, losses, worker_env
 from tests.launch.launch_helpers import (assert_same_training, batches, hold, job_log, submit, wait_for_state,
                                          wait_until_held, write_recipe)
 from tests.launch.ray_helpers import ray_recipe

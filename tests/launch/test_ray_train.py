@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from llmfoundry.launch import ray as ray_launch
-from tests.dist.helpers import kill_tree, launch, losses, torchrun_args
+from tests.distributed.helpers import kill_tree, launch, losses, torchrun_args
 from tests.helpers import S3_TEST_BUCKET
 from tests.launch.launch_helpers import (FINAL, assert_same_training, hold, llmfoundry, release_hold, wait_until_held,
                                          write_recipe)

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from llmfoundry.train.checkpoint import latest_checkpoint
-from tests.dist.helpers import losses
+from tests.distributed.helpers import losses
 from tests.launch.launch_helpers import (
     FINAL,
     OWN_SHM,

@@ -266,7 +266,7 @@ def test_the_callback_needs_a_moe_model(recipe):
 
 @pytest.mark.dist
 def test_fsdp2_on_two_ranks_shards_the_experts_and_matches_one_process(recipe, tmp_path):
-    from tests.dist.helpers import checkpoint_weights, losses, run_job
+    from tests.distributed.helpers import checkpoint_weights, losses, run_job
 
     one = recipe(max_duration="3ba", python_log_level=None, loggers={"jsonl": {"path": str(tmp_path / "one.jsonl")}})
     one["model"]["ffn_config"].pop("moe_jitter_eps")  # the same routing on any number of ranks

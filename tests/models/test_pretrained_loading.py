@@ -1,5 +1,5 @@
 """Pretrained folders: init_device meta/mixed (weights read after the model is built), LoRA continuation,
-embedding resizing and 8-bit loading. The 2-rank FSDP loads are in tests/dist/test_pretrained_fsdp_loading.py."""
+embedding resizing and 8-bit loading. The 2-rank FSDP loads are in tests/distributed/test_pretrained_fsdp_loading.py."""
 
 import pytest
 import torch

@@ -189,7 +189,7 @@ def run_under_torchrun(recipe: str, overrides: list[str], nproc: int, tmp_path: 
     import subprocess
     import sys
 
-    from tests.dist.helpers import worker_env
+    from tests.distributed.helpers import worker_env
 
     log = tmp_path / "metrics.jsonl"
     command = [sys.executable, "-m", "llmfoundry.cli", "train", "-n", str(nproc), recipe, *overrides,

@@ -9,7 +9,7 @@ import torch
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.train import uploads
 from tests.helpers import S3_TEST_BUCKET, make_trainer, weights
-from tests.dist.helpers import checkpoint_weights
+from tests.distributed.helpers import checkpoint_weights
 
 
 def test_async_checkpoints_equal_synchronous_ones_and_resume_bitwise(recipe, tmp_path):

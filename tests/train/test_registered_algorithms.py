@@ -13,7 +13,7 @@ from llmfoundry.core.errors import ConfigError
 from llmfoundry.train.algorithm_settings import GradientClippingSettings
 from llmfoundry.train.algorithms import GradientClipping, clip_adaptive_
 from llmfoundry.train.recipe import TrainConfig, validate
-from tests.dist.helpers import torchrun_args, worker_env
+from tests.distributed.helpers import torchrun_args, worker_env
 from tests.helpers import make_trainer, tiny_recipe
 
 

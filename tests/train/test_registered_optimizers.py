@@ -12,7 +12,7 @@ from llmfoundry.core.errors import ConfigError
 from llmfoundry.train import optim
 from llmfoundry.train.optim_settings import DecoupledAdamSettings, NoOpSettings, TorchAdamSettings
 from llmfoundry.train.recipe import TrainConfig, validate
-from tests.dist.helpers import run_job
+from tests.distributed.helpers import run_job
 from tests.helpers import make_trainer, tiny_recipe, weights
 
 D = optim.DELAY  # observations before the delayed mean exists

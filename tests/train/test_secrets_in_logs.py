@@ -9,7 +9,7 @@ import sys
 
 import yaml
 
-from tests.dist.helpers import worker_env
+from tests.distributed.helpers import worker_env
 from tests.helpers import make_trainer
 from tests.launch.launch_helpers import llmfoundry
 from tests.planted_secrets import leaks, plant

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.dist.helpers import kill_tree, torchrun_args, worker_env
+from tests.distributed.helpers import kill_tree, torchrun_args, worker_env
 
 WORKER = Path(__file__).with_name("_hang_worker.py")
 

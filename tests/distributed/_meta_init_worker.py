@@ -1,4 +1,4 @@
-"""One rank of a 2-rank placement of a meta-device MPT (tests/dist/test_meta_init_layouts.py).
+"""One rank of a 2-rank placement of a meta-device MPT (tests/distributed/test_meta_init_layouts.py).
 
 Usage: torchrun --nproc_per_node=2 _meta_init_worker.py SPECS.json OUT_DIR. For each spec (model overrides of
 tests.models.helpers.tiny_config, tp_config or None, fsdp on/off) the rank builds the model on meta, places it with
@@ -26,7 +26,7 @@ from llmfoundry.models.mpt.model import MPTForCausalLM
 from llmfoundry.registry import models
 from llmfoundry.train import parallel
 from llmfoundry.train.settings import FSDPConfig, TPConfig
-from tests.dist.helpers import memory_status as status
+from tests.distributed.helpers import memory_status as status
 from tests.models.helpers import tiny_config
 
 SEED = 17

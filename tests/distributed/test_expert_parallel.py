@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.dist.helpers import SharedRuns, checkpoint_weights, losses
-from tests.dist.test_tp_training import assert_same_curve, held, metric, resumed_curve
+from tests.distributed.helpers import SharedRuns, checkpoint_weights, losses
+from tests.distributed.test_tp_training import assert_same_curve, held, metric, resumed_curve
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
@@ -87,7 +87,7 @@ def test_layouts_expert_parallelism_cannot_run_are_one_line_errors(make, tmp_pat
 
     import yaml
 
-    from tests.dist.helpers import worker_env
+    from tests.distributed.helpers import worker_env
 
     for name, recipe, message in [
         ("one-rank", make("x", ep=2),

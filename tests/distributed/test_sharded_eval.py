@@ -13,7 +13,7 @@ import yaml
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from llmfoundry.cli import main as cli_main
-from tests.dist.helpers import REPO, torchrun_args, worker_env
+from tests.distributed.helpers import REPO, torchrun_args, worker_env
 from tests.eval.helpers import TINY_DATA
 from tests.helpers import convert_text_folder, write_text_folder
 

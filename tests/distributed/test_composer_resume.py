@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.dist.helpers import losses, run_job
+from tests.distributed.helpers import losses, run_job
 from tests.train.test_composer_checkpoints import FIXTURES, fixture_data, resumed_recipe  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.dist

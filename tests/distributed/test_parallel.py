@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from llmfoundry.train import uploads
-from tests.dist.helpers import REPO, checkpoint_weights, losses, run_job, torchrun_args
+from tests.distributed.helpers import REPO, checkpoint_weights, losses, run_job, torchrun_args
 
 pytestmark = pytest.mark.dist
 

@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from tests.dist.helpers import SharedRuns, losses
+from tests.distributed.helpers import SharedRuns, losses
 from tests.eval.helpers import TINY_DATA as TINY_ICL
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
@@ -156,7 +156,7 @@ def test_tp_config_that_cannot_run_is_a_one_line_error(make, tmp_path):
 
     import yaml
 
-    from tests.dist.helpers import worker_env
+    from tests.distributed.helpers import worker_env
 
     path = tmp_path / "bad.yaml"
     recipe = make("bad", tp=2)

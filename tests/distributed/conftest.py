@@ -1,4 +1,4 @@
-"""Fixtures for multi-process tests (launch helpers: tests/dist/helpers.py)."""
+"""Fixtures for multi-process tests (launch helpers: tests/distributed/helpers.py)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from llmfoundry.train.checkpoint import list_checkpoints
-from tests.dist.helpers import checkpoint_weights, kill_at_step, launch, losses, run_job
+from tests.distributed.helpers import checkpoint_weights, kill_at_step, launch, losses, run_job
 
 pytestmark = pytest.mark.dist
 

@@ -1,4 +1,4 @@
-"""One rank of a 2-rank FSDP2 load of a pretrained folder (tests/dist/test_pretrained_fsdp_loading.py).
+"""One rank of a 2-rank FSDP2 load of a pretrained folder (tests/distributed/test_pretrained_fsdp_loading.py).
 
 Usage: torchrun --nproc_per_node=2 _pretrained_worker.py SPECS.json OUT_DIR. Each spec names a model builder and
 its settings; for each, the rank builds the model, shards it with parallel.parallelize (which reads the weights),
@@ -24,7 +24,7 @@ from llmfoundry.models.settings import HFModelSettings
 from llmfoundry.registry import models
 from llmfoundry.train import parallel
 from llmfoundry.train.settings import FSDPConfig
-from tests.dist.helpers import memory_status as status
+from tests.distributed.helpers import memory_status as status
 
 SETTINGS = {"hf_causal_lm": HFModelSettings, "mpt_causal_lm": MPTModelSettings}
 

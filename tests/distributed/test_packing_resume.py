@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.dist.helpers import checkpoint_weights, run_job
+from tests.distributed.helpers import checkpoint_weights, run_job
 from tests.helpers import write_prompt_response_jsonl
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]  # about a minute: two 2-rank jobs

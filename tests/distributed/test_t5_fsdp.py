@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.dist.helpers import losses, run_job
+from tests.distributed.helpers import losses, run_job
 from tests.helpers import make_trainer, write_prompt_response_jsonl
 from tests.models.test_hf_t5 import t5_recipe, write_tiny_t5
 

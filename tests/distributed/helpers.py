@@ -1,6 +1,6 @@
 """Helpers for multi-process tests: real torchrun launches on CPU (gloo), reading what the jobs left behind.
 
-Test modules import these as ``from tests.dist.helpers import ...``; the ``dist_recipe`` fixture is in conftest.py.
+Test modules import these as ``from tests.distributed.helpers import ...``; the ``dist_recipe`` fixture is in conftest.py.
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ class SharedRuns:
     def recipe(self, mds_root: Path, tokenizer_dir: Path, name: str, steps: int, **extra) -> dict:
         """The tiny recipe of run ``name``: ``steps`` batches of 4 in microbatches of 2, a checkpoint at batch 3,
         per-step metrics in <name>.jsonl, optimizer_monitor's norms every step, and the shapes each rank holds
-        (record_shapes, from tests/dist/_train_worker.py) in <name>/."""
+        (record_shapes, from tests/distributed/_train_worker.py) in <name>/."""
         (self.folder / name).mkdir(exist_ok=True)
         return tiny_recipe(mds_root, tokenizer_dir, eval_loader=None, python_log_level=None,
                            max_duration=f"{steps}ba", global_train_batch_size=4, device_train_microbatch_size=2,

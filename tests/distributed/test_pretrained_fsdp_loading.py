@@ -16,7 +16,7 @@ from transformers import (
     LlamaForCausalLM,
 )
 
-from tests.dist.helpers import losses, run_job, torchrun_args, worker_env
+from tests.distributed.helpers import losses, run_job, torchrun_args, worker_env
 from tests.models.helpers import write_pretrained_folders
 
 pytestmark = pytest.mark.dist

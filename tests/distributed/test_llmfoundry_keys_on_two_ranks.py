@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.dist.helpers import losses, run_job
+from tests.distributed.helpers import losses, run_job
 from tests.helpers import make_trainer
 
 pytestmark = pytest.mark.dist
@@ -24,6 +24,7 @@ def test_per_sample_accumulation_on_two_ranks_matches_one_rank_and_eval_loaders_
     assert losses(tmp_path / "two.jsonl")[3] == pytest.approx(one["loss/train/total"], rel=1e-5)
     rows = [json.loads(line) for line in (tmp_path / "two.jsonl").read_text().splitlines()]
     logged = {k: v for row in rows for k, v in row.items() if k.startswith("metrics/eval/")}
-    assert set(logged) == {"metrics/eval/heldout/LanguageCrossEntropy", "metrics/eval/heldout/LanguagePerplexity"}
+    assert set(logged) == {f"metrics/eval/heldout/{name}"  # llm-foundry's eval metrics of a causal LM
+                           for name in ("LanguageCrossEntropy", "LanguagePerplexity", "TokenAccuracy")}
     assert logged["metrics/eval/heldout/LanguageCrossEntropy"] == pytest.approx(
         one["metrics/eval/heldout/LanguageCrossEntropy"], rel=1e-5)

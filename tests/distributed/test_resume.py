@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from llmfoundry.train.checkpoint import latest_checkpoint
-from tests.dist.helpers import WORKER, checkpoint_weights, kill_at_step, launch, losses, run_job, seen_rows
+from tests.distributed.helpers import WORKER, checkpoint_weights, kill_at_step, launch, losses, run_job, seen_rows
 
 pytestmark = pytest.mark.dist
 

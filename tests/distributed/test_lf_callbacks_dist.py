@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from tests.dist.helpers import run_job
+from tests.distributed.helpers import run_job
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 

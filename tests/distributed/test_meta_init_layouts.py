@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.dist.helpers import torchrun_args, worker_env
+from tests.distributed.helpers import torchrun_args, worker_env
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 WORKER = Path(__file__).with_name("_meta_init_worker.py")
