@@ -20,6 +20,9 @@ from tests.helpers import tiny_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("_train_worker.py")
+RANK_SERVER = Path(__file__).with_name("_rank_server.py")
+RANK_CLIENT = Path(__file__).with_name("_rank_client.py")
+_rank_server: tuple[subprocess.Popen, str] | None = None
 
 
 def torchrun_args(nproc: int) -> list[str]:
@@ -32,11 +35,30 @@ def worker_env() -> dict[str, str]:
     return env
 
 
+def forked_ranks_args(nproc: int) -> list[str]:
+    """The command that runs ``nproc`` ranks of a script forked from this session's rank server
+    (tests/distributed/_rank_server.py: the training stack imported once, not once per rank and job), started on
+    first use and ended with the session."""
+    global _rank_server
+    if _rank_server is None or _rank_server[0].poll() is not None:
+        import atexit
+        import tempfile
+
+        socket_path = os.path.join(tempfile.mkdtemp(prefix="llmfoundry-ranks-"), "socket")
+        server = subprocess.Popen([sys.executable, str(RANK_SERVER), socket_path], env=worker_env(),
+                                  stdout=subprocess.PIPE, text=True, start_new_session=True)
+        assert server.stdout.readline().strip() == "ready", "the tests' rank server did not start"
+        atexit.register(server.kill)
+        _rank_server = (server, socket_path)
+    return [sys.executable, str(RANK_CLIENT), _rank_server[1], str(nproc)]
+
+
 def launch(recipe_dict: dict, tmp_path: Path, name: str, nproc: int = 2, overrides=(), entry=None) -> subprocess.Popen:
-    """Start a training job with torchrun (entry: command before the recipe; default: the test worker)."""
+    """Start a training job (entry: the command before the recipe; default: the test worker's ranks forked from
+    the rank server, as torchrun would start them)."""
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(recipe_dict, sort_keys=False))
-    entry = entry or [*torchrun_args(nproc), str(WORKER)]
+    entry = entry or [*forked_ranks_args(nproc), str(WORKER)]
     log = open(tmp_path / f"{name}.log", "w")
     return subprocess.Popen([*entry, str(path), *overrides], cwd=tmp_path, env=worker_env(), stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
