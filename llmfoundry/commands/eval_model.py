@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from llmfoundry.core import dist
 from llmfoundry.eval.config import EvalConfig
 from llmfoundry.eval.gauntlet import compute_gauntlet
 from llmfoundry.eval.loaders import evaluate_loader
@@ -88,7 +89,8 @@ def evaluate_model(run: EvalRun, spec) -> dict[str, Any]:
     if sharded:
         model = shard_for_eval(model, cfg, info.device, info.world_size)
     run.model, run.tokenizer = model, tokenizer
-    run.eval_loaders = [(prefix, build_dataloader(section, tokenizer, cfg.device_eval_batch_size, key))
+    share = dist.data_share()  # every rank scores its own share (evaluation has no tensor parallelism)
+    run.eval_loaders = [(prefix, build_dataloader(section, tokenizer, cfg.device_eval_batch_size, key, share))
                         for prefix, key, section in eval_sections(cfg)]
     subset = cfg.eval_subset_num_batches  # as Composer's trainer.eval: -1 keeps icl_subset_num_batches
     evaluator = None
@@ -111,7 +113,7 @@ def evaluate_model(run: EvalRun, spec) -> dict[str, Any]:
     if run.eval_loaders:
         run._print(f"## {spec.model_name}: " + ", ".join(f"{k}: {v:.4f}" for k, v in metrics.items()))
     if evaluator is not None:
-        metrics.update(evaluator.evaluate(model, info.device))
+        metrics.update(evaluator.evaluate(model, info.device, share))
     gauntlet = compute_gauntlet(metrics, cfg.eval_gauntlet, evaluator.sample_counts()) if cfg.eval_gauntlet else {}
     for cb in run.callbacks:
         cb.on_eval_end(run, metrics)

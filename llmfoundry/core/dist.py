@@ -25,7 +25,6 @@ TORCHRUN_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT
 # The process group's timeout when init_distributed made it (None: a group someone else made, with its own).
 _timeout_s: float | None = None
 _launcher_device: torch.device | None = None  # set by use_device()
-_replication = 1  # consecutive ranks that see the same data (one tensor-parallel group); set by set_replication()
 
 
 def rendezvous_port(job_id: int | str) -> int:
@@ -176,25 +175,26 @@ def rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def set_replication(ranks: int) -> None:
-    """How many consecutive ranks train on the same batches: the ranks of one tensor-parallel group compute one
-    microbatch together. The data loaders and the ICL evaluator deal data by ``data_parallel()``."""
-    global _replication
-    _replication = max(1, int(ranks))
+@dataclass(frozen=True)
+class DataShare:
+    """Which share of the data this rank's batches are: its data-parallel ``rank`` of ``size``. ``replication``
+    consecutive ranks see the same batches: the ranks of one tensor-parallel group compute one microbatch
+    together. The trainer makes one and hands it to the loaders, the ICL evaluator and the callbacks."""
+
+    rank: int = 0
+    size: int = 1
+    replication: int = 1
 
 
-def replication() -> int:
-    return _replication
-
-
-def data_parallel() -> tuple[int, int]:
-    """(data-parallel rank, data-parallel world size): which share of the data this rank's batches are. Without a
-    process group, torchrun's RANK / WORLD_SIZE (a loader built before init_distributed)."""
+def data_share(replication: int = 1) -> DataShare:
+    """This process's DataShare when ``replication`` consecutive ranks see the same batches. Without a process
+    group, torchrun's RANK / WORLD_SIZE (a loader built before init_distributed)."""
     if dist.is_initialized():
         rank_, world = dist.get_rank(), dist.get_world_size()
     else:
         rank_, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    return rank_ // _replication, max(1, world // _replication)
+    replication = max(1, int(replication))
+    return DataShare(rank_ // replication, max(1, world // replication), replication)
 
 
 def barrier(op: str = "barrier") -> None:
@@ -233,6 +233,5 @@ def all_gather_object(obj) -> list:
 
 
 def destroy() -> None:
-    set_replication(1)
     if dist.is_initialized():
         dist.destroy_process_group()

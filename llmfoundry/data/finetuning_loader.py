@@ -117,12 +117,6 @@ def padded_for_ranks(order: list[int], size: int) -> list[int]:
     return order + (order * math.ceil(pad / len(order)))[:pad] if pad and order else order
 
 
-def world() -> tuple[int, int]:
-    """(rank, world size) of this process's share of the data: the data-parallel ones (the ranks of a
-    tensor-parallel group share their batches)."""
-    return dist.data_parallel()
-
-
 def _keep_examples(examples: list[dict[str, list[int]]]) -> list[dict[str, list[int]]]:
     """The collate function while packing: the examples themselves (packed in the main process, which holds the
     carried-over bins so that a checkpoint can save them)."""
@@ -144,8 +138,9 @@ class FinetuningLoader:
     """
 
     def __init__(self, dataset, collator, examples_per_batch: int, settings: FinetuningLoaderSettings,
-                 packing: PackingState | None = None, packing_ratio: float | None = None):
+                 share: dist.DataShare, packing: PackingState | None = None, packing_ratio: float | None = None):
         self.dataset = dataset
+        self.share = share  # this rank's share of the examples (data-parallel rank and size)
         self.collator = collator
         self.examples_per_batch = examples_per_batch
         self.packing = packing
@@ -166,13 +161,12 @@ class FinetuningLoader:
         return epoch_order(len(self.dataset), self.shuffle, self.seed, epoch)
 
     def __len__(self) -> int:
-        _, size = world()
-        per_step = self.examples_per_batch * size
+        per_step = self.examples_per_batch * self.share.size
         return len(self.dataset) // per_step if self.drop_last else math.ceil(len(self.dataset) / per_step)
 
     def _index_batches(self, start: int) -> list[tuple[int, list[int]]]:
         """(global position after the step, this rank's example indices) for each step of the epoch from ``start``."""
-        rank, size = world()
+        rank, size = self.share.rank, self.share.size
         order = self._order(self.epoch)
         if not self.drop_last:
             order = padded_for_ranks(order, size)
@@ -194,7 +188,7 @@ class FinetuningLoader:
         index_batches = self._index_batches(start)
         self._sampler.batches = [mine for _, mine in index_batches]
         self.sample_in_epoch = start
-        first = start // (self.examples_per_batch * world()[1])  # the batch's number in the epoch
+        first = start // (self.examples_per_batch * self.share.size)  # the batch's number in the epoch
         # the loader first: it ends its own epoch
         for number, (batch, (end, mine)) in enumerate(zip(self.dataloader, index_batches), start=first):
             if self.packing is not None:
@@ -212,7 +206,7 @@ class FinetuningLoader:
         if self.packing is not None:
             mine = self.packing.state_dict()
             # one entry per data-parallel rank (the ranks of a tensor-parallel group carry the same bins)
-            state["leftover_bins"] = dist.all_gather_object(mine)[:: dist.replication()]
+            state["leftover_bins"] = dist.all_gather_object(mine)[:: self.share.replication]
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -222,7 +216,7 @@ class FinetuningLoader:
         saved = state.get("leftover_bins")
         if self.packing is None or not saved:
             return
-        rank, size = world()
+        rank, size = self.share.rank, self.share.size
         slots = self.packing.slots
         if len(saved) != size or any(len(per_rank) != slots for per_rank in saved):
             # another world size or num_workers: the bins are dealt out again, none is lost
@@ -247,11 +241,10 @@ class _EpochBatchSampler(torch.utils.data.Sampler):
         return iter(list(self.batches))
 
 
-def _profiled_sizes(order: list[int], dataset, count: int) -> list[int]:
+def _profiled_sizes(order: list[int], dataset, count: int, share: dist.DataShare) -> list[int]:
     """The lengths of this rank's first ``count`` examples of the epoch (what llm-foundry's profiling reads: the
     first batch of a loader of ``count`` examples per rank)."""
-    rank, size = world()
-    mine = order[: count * size][rank::size]
+    mine = order[: count * share.size][share.rank :: share.size]
     return [len(dataset[i]["input_ids"]) for i in mine]
 
 
@@ -264,13 +257,15 @@ def _smallest_over_ranks(ratio: float) -> float:
 
 
 def build_finetuning_dataloader(settings: FinetuningLoaderSettings, tokenizer, device_batch_size: int, *,
-                                key: str = "train_loader"):
-    """Batches of the validated ``settings`` (see FinetuningDatasetSettings.check_settings for what is checked).
+                                key: str = "train_loader", share: dist.DataShare | None = None):
+    """Batches of the validated ``settings`` (see FinetuningDatasetSettings.check_settings for what is checked);
+    ``share``: this rank's share of the examples (default: its own, by world rank).
 
     ``packing_ratio`` as llm-foundry reads it: ``int(device_batch_size * ratio)`` examples a batch, packed by its
     rule (data/packing.py); 1 (also what ``auto`` chooses for max_seq_len <= 100) means no packing at all.
     """
     ds = settings.dataset
+    share = share or dist.data_share()
     if tokenizer is None or tokenizer.eos_token_id is None:
         raise ConfigError("tokenizer.name: the finetuning loader needs a tokenizer with an EOS token")
     pad = ds.pad_token_id
@@ -281,7 +276,7 @@ def build_finetuning_dataloader(settings: FinetuningLoaderSettings, tokenizer, d
     if ds.is_mds:
         packs = ratio is not None and float(ratio) != 1.0
         per_batch = examples_per_batch(device_batch_size, float(ratio)) if packs else device_batch_size
-        dataset = make_streaming_dataset(StreamingFinetuningDataset, ds, per_batch, f"{key}.dataset")
+        dataset = make_streaming_dataset(StreamingFinetuningDataset, ds, per_batch, f"{key}.dataset", share)
         collator = FinetuningCollator(ds, pad, device_batch_size, tokenizer.padding_side)
         collate = StreamPackingCollator(PackingState(collator, keep, 0, False)) if packs else collator
         if packs and keep != 0:
@@ -292,12 +287,12 @@ def build_finetuning_dataloader(settings: FinetuningLoaderSettings, tokenizer, d
     dataset = FinetuningDataset(tokenizer, ds, f"{key}.dataset")
     if ratio == "auto":
         order = epoch_order(len(dataset), ds.shuffle, ds.shuffle_seed, 0)
-        sizes = _profiled_sizes(order, dataset, profiled_example_count(ds.max_seq_len, device_batch_size))
+        sizes = _profiled_sizes(order, dataset, profiled_example_count(ds.max_seq_len, device_batch_size), share)
         ratio = _smallest_over_ranks(auto_packing_ratio(sizes, ds.max_seq_len, device_batch_size))
         print(f"{key}.dataset.packing_ratio: auto chose {ratio}", flush=True)
     packs = ratio is not None and float(ratio) != 1.0
     collator = FinetuningCollator(ds, pad, device_batch_size, tokenizer.padding_side)
     packing = PackingState(collator, keep, settings.num_workers, settings.persistent_workers) if packs else None
     per_batch = examples_per_batch(device_batch_size, float(ratio)) if packs else device_batch_size
-    return FinetuningLoader(dataset, collator, per_batch, settings, packing=packing,
+    return FinetuningLoader(dataset, collator, per_batch, settings, share, packing=packing,
                             packing_ratio=float(ratio) if ratio is not None else None)

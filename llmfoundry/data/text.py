@@ -119,10 +119,9 @@ def build_streams(settings: StreamingOptions, key: str):
     return None, settings.remote, local
 
 
-def _replication(settings: StreamingOptions, key: str) -> int | None:
-    """The recipe's ``replication``; under tensor parallelism the ranks of one TP group (which compute one
-    microbatch together) must receive the same samples."""
-    group = dist.replication()
+def _replication(settings: StreamingOptions, group: int, key: str) -> int | None:
+    """The recipe's ``replication``; under tensor parallelism the ``group`` ranks of one TP group (which compute
+    one microbatch together) must receive the same samples."""
     if group == 1:
         return settings.replication
     if settings.replication not in (None, group):
@@ -131,7 +130,7 @@ def _replication(settings: StreamingOptions, key: str) -> int | None:
     return group
 
 
-def streaming_kwargs(settings: StreamingOptions, batch_size: int, key: str) -> dict[str, Any]:
+def streaming_kwargs(settings: StreamingOptions, batch_size: int, key: str, share: dist.DataShare) -> dict[str, Any]:
     streams, remote, local = build_streams(settings, key)
     return dict(
         streams=streams,
@@ -155,7 +154,7 @@ def streaming_kwargs(settings: StreamingOptions, batch_size: int, key: str) -> d
         sampling_method=settings.sampling_method,
         sampling_granularity=settings.sampling_granularity,
         batching_method=settings.batching_method,
-        replication=_replication(settings, key),
+        replication=_replication(settings, share.replication, key),
         allow_unsafe_types=settings.allow_unsafe_types,
     )
 
@@ -182,10 +181,12 @@ def _is_missing_data(error: BaseException) -> bool:
     return objectstore.is_missing(error) or "does not exist" in text or "no such file" in text
 
 
-def make_streaming_dataset(cls, settings: StreamingOptions, batch_size: int, key: str, **extra):
+def make_streaming_dataset(cls, settings: StreamingOptions, batch_size: int, key: str, share: dist.DataShare | None,
+                           **extra):
     """Instantiate a StreamingDataset subclass (``extra``: its own arguments), turning streaming's errors about
-    missing or empty data into ConfigErrors (our own ConfigErrors pass through unchanged)."""
-    kwargs = streaming_kwargs(settings, batch_size, key)
+    missing or empty data into ConfigErrors (our own ConfigErrors pass through unchanged). Streaming deals the
+    samples by world rank itself; ``share`` (default: every rank its own share) says which ranks see the same."""
+    kwargs = streaming_kwargs(settings, batch_size, key, share or dist.data_share())
     try:
         with shm_registration_lock():
             return cls(**kwargs, **extra)
@@ -336,13 +337,14 @@ def dataloader_kwargs(settings: Any) -> dict[str, Any]:
     return kwargs
 
 
-def build_text_dataloader(settings: TextLoaderSettings, tokenizer, device_batch_size: int, *, key: str = "train_loader"):
+def build_text_dataloader(settings: TextLoaderSettings, tokenizer, device_batch_size: int, *, key: str = "train_loader",
+                          share: dist.DataShare | None = None):
     """A StreamingDataLoader of pretraining batches (see the module docstring) from validated ``settings`` (see the
-    sections' ``check_settings``)."""
+    sections' ``check_settings``); ``share``: this rank's share of the data (default: its own, by world rank)."""
     ds = settings.dataset
     if device_batch_size <= 0:
         raise ConfigError(f"{key}: device batch size must be positive, got {device_batch_size}")
-    dataset = make_streaming_dataset(StreamingTextDataset, ds, device_batch_size, f"{key}.dataset",
+    dataset = make_streaming_dataset(StreamingTextDataset, ds, device_batch_size, f"{key}.dataset", share,
                                      tokenizer=tokenizer, max_seq_len=ds.max_seq_len,
                                      token_encoding_type=ds.token_encoding_type)
     if len(dataset) == 0:

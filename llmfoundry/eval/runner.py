@@ -157,13 +157,17 @@ class ICLEvaluator:
         return "kv" if supports_kv_cache(model) else "full"
 
     @torch.no_grad()
-    def evaluate(self, model: torch.nn.Module, device: torch.device | str | None = None) -> dict[str, float]:
-        """Score ``model`` on every task; returns flat metrics (the same on every rank)."""
+    def evaluate(self, model: torch.nn.Module, device: torch.device | str | None = None,
+                 share: dist.DataShare | None = None) -> dict[str, float]:
+        """Score ``model`` on every task; returns flat metrics (the same on every rank). ``share``: which share of
+        the examples this rank scores (default: its own, by world rank; the ranks of a tensor-parallel group score
+        the same examples)."""
         if device is None:
             device = next(model.parameters()).device
         device = torch.device(device)
         rank, world = dist.rank(), dist.world_size()
-        dp_rank, dp_world = dist.data_parallel()  # the ranks of a tensor-parallel group score the same examples
+        share = share or dist.data_share()
+        dp_rank, dp_world = share.rank, share.size
         was_training = model.training
         model.eval()
         outer = model

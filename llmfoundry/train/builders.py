@@ -7,6 +7,7 @@ from typing import Any
 from torch import nn
 
 from llmfoundry import registry
+from llmfoundry.core import dist
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.data import tokenizers
 from llmfoundry.models.interface import check_causal_lm
@@ -25,10 +26,12 @@ def build_model(cfg: TrainConfig, tokenizer) -> nn.Module:
     return model
 
 
-def build_dataloader(section: Component, tokenizer, device_batch_size: int, key: str):
-    """The loader of ``section`` (the recipe's ``train_loader``, ``eval_loader``, ...); ``key`` names it in errors."""
+def build_dataloader(section: Component, tokenizer, device_batch_size: int, key: str, share: dist.DataShare):
+    """The loader of ``section`` (the recipe's ``train_loader``, ``eval_loader``, ...) for this rank's ``share`` of
+    the data; ``key`` names it in errors. A registered builder takes ``(settings, tokenizer, device_batch_size, *,
+    key, share)``."""
     entry = registry.dataloaders.get(section.name, key=f"{key}.name")
-    return entry.builder(section.settings, tokenizer, device_batch_size, key=key)
+    return entry.builder(section.settings, tokenizer, device_batch_size, key=key, share=share)
 
 
 def build_optimizer(cfg: TrainConfig, model: nn.Module):

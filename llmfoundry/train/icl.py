@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from llmfoundry.core.dist import DataShare
 from llmfoundry.eval.config import load_gauntlet
 from llmfoundry.eval.gauntlet import compute_gauntlet, gauntlet_table, tasks_table
 from llmfoundry.eval.runner import ICLEvaluator
@@ -26,8 +27,8 @@ class TrainingICL:
         """None without icl_tasks (validation has made sure that an eval_gauntlet comes with them)."""
         return cls(cfg, tokenizer) if cfg.icl_tasks else None
 
-    def evaluate(self, model: torch.nn.Module, device: torch.device) -> dict[str, float]:
-        metrics = self.evaluator.evaluate(model, device)
+    def evaluate(self, model: torch.nn.Module, device: torch.device, share: DataShare) -> dict[str, float]:
+        metrics = self.evaluator.evaluate(model, device, share)
         if self.gauntlet is not None:
             metrics.update(compute_gauntlet(metrics, self.gauntlet, self.evaluator.sample_counts()))
         return metrics

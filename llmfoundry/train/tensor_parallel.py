@@ -2,8 +2,8 @@
 
 The ranks are laid out on a 2-D ``(dp, tp)`` mesh, ``tp = tensor_parallel_degree`` consecutive ranks per TP group
 (one node's fast links), ``dp = world / tp`` groups. The ranks of one TP group compute on the SAME microbatch:
-the data loaders deal batches by data-parallel rank (``core.dist.data_parallel()``, which the trainer sets up
-with ``dist.set_replication``), and the global batch splits across ``dp`` ranks, not ``world``. (llm-foundry's
+the data loaders deal batches by data-parallel rank (the trainer's ``core.dist.DataShare``, which it hands to
+the loaders and the ICL evaluator), and the global batch splits across ``dp`` ranks, not ``world``. (llm-foundry's
 ``ffn`` plan instead feeds each TP rank its own samples and gathers them along the batch dimension before the
 FFN; replicated inputs give the same sums without the gather, and are what attention needs.) TP is applied first, then FSDP2 shards over the ``dp`` dimension (torchtitan's
 order), so a block's parameters are 2-D DTensors (Shard(0) on dp; tp: as the plan says).

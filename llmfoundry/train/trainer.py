@@ -94,8 +94,7 @@ class Trainer:
         world = self.dist.world_size
         # the ranks of a tensor-parallel group train on the same batches: data is dealt by data-parallel rank
         self.tp = cfg.tp_config if cfg.tp_config is not None and cfg.tp_config.tensor_parallel_degree > 1 else None
-        dist.set_replication(self.tp.tensor_parallel_degree if self.tp else 1)
-        self.dp_rank, self.dp_world = dist.data_parallel()
+        self.data_share = dist.data_share(self.tp.tensor_parallel_degree if self.tp else 1)
         self.device_batch_size = compat.device_batch_size(cfg.global_train_batch_size, world, self.tp)
         compat.check_derived_batch_keys(cfg, world, self.device_batch_size)
         compat.log_notices(cfg)
@@ -128,9 +127,11 @@ class Trainer:
         self.preemption = preemption.Preemption.from_config(cfg, self.device)  # stop cleanly when asked to
         self.batch: dict[str, torch.Tensor] | None = None  # the device batch being trained on (for callbacks)
 
-        self.train_loader = build_dataloader(cfg.train_loader, self.tokenizer, self.device_batch_size, "train_loader")
+        self.train_loader = build_dataloader(cfg.train_loader, self.tokenizer, self.device_batch_size, "train_loader",
+                                         self.data_share)
         # (metric prefix, loader): eval_loader's metrics/eval/..., or each of eval_loaders' metrics/eval/<label>/...
-        self.eval_loaders = [(prefix, build_dataloader(section, self.tokenizer, cfg.device_eval_batch_size, key))
+        self.eval_loaders = [(prefix, build_dataloader(section, self.tokenizer, cfg.device_eval_batch_size, key,
+                                                              self.data_share))
                              for prefix, key, section in eval_sections(cfg)]
         # metrics/train/<Name> of every batch (model.use_train_metrics) and the eval loaders' metric names
         self.train_metrics = LanguageMetrics(train_metric_names(cfg.model.settings), self.device, self.loss.offset)
@@ -363,8 +364,8 @@ class Trainer:
         self.previous_time = TrainTime(**vars(self.time))  # for intervals in tok / sp
         self.time.batch += 1
         self.time.batch_in_epoch += 1
-        self.time.sample += num_samples * self.dp_world
-        self.time.token += int(dist.all_reduce_sum(count_batch_tokens(device_batch))) // dist.replication()
+        self.time.sample += num_samples * self.data_share.size
+        self.time.token += int(dist.all_reduce_sum(count_batch_tokens(device_batch))) // self.data_share.replication
         self._estimate_end()  # before the callbacks' on_batch_end, which may stop training here
         if not math.isfinite(loss):
             log.warning("non-finite training loss at batch %d", self.time.batch)
@@ -381,7 +382,7 @@ class Trainer:
     def _forward_backward(self, device_batch: dict[str, torch.Tensor], targets: torch.Tensor) -> torch.Tensor:
         """Accumulate the gradients of one device batch in microbatches; returns the summed (local) loss."""
         cfg = self.cfg
-        torch.manual_seed(cfg.seed + self.time.batch * self.dp_world + self.dp_rank)  # dropout RNG, alike in TP groups
+        torch.manual_seed(cfg.seed + self.time.batch * self.data_share.size + self.data_share.rank)  # dropout RNG, alike in TP groups
         num_samples = device_batch["input_ids"].size(0)
         loss_sum = torch.zeros((), device=self.device)
         self._aux_sum = None
@@ -427,7 +428,7 @@ class Trainer:
         for prefix, loader in self.eval_loaders:
             metrics.update(self._eval_loss(prefix, loader))
         if self.icl is not None:
-            self.last_icl_metrics = self.icl.evaluate(self.model, self.device)
+            self.last_icl_metrics = self.icl.evaluate(self.model, self.device, self.data_share)
             metrics.update(self.last_icl_metrics)
             shown = ", ".join(f"{k.removeprefix('icl/')}: {v:.3f}" for k, v in self.last_icl_metrics.items())
             self._print(f"[icl] batch {self.time.batch}: {shown}")

@@ -25,10 +25,11 @@ def chat_jsonl(path, corpus, n=60, seed=0):
     return path
 
 
-def build(path, tokenizer, batch=4, drop_last=True, **dataset):
+def build(path, tokenizer, batch=4, drop_last=True, share=None, **dataset):
     dataset.setdefault("max_seq_len", 128)
     ds = FinetuningDatasetSettings(hf_name="json", hf_kwargs={"data_files": str(path)}, split="train", **dataset)
-    return build_finetuning_dataloader(FinetuningLoaderSettings(dataset=ds, drop_last=drop_last), tokenizer, batch)
+    return build_finetuning_dataloader(FinetuningLoaderSettings(dataset=ds, drop_last=drop_last), tokenizer, batch,
+                                       share=share)
 
 
 def test_packed_chat_batches_have_no_label_across_example_boundaries(tmp_path, corpus, tokenizer):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from llmfoundry.core.dist import DataShare
 from tests.data.test_finetuning import build
 from tests.helpers import write_prompt_response_jsonl
 
@@ -47,3 +48,18 @@ def test_two_ranks_get_distributed_samplers_batches_including_its_padding(tmp_pa
         assert sizes[0] == [4, 4, 3]  # the partial last batch is kept, as long on both ranks
         seen = [tuple(row) for r in (0, 1) for b in per_rank[r] for row in b]
         assert len(seen) == len(set(seen)) + 1  # one example repeated: the padding
+
+
+def test_the_share_handed_to_the_builder_decides_which_examples_a_loader_deals(tmp_path, corpus, tokenizer,
+                                                                               monkeypatch):
+    """A loader built outside the trainer (a tool, a Ray worker) gets its share as an argument: the ranks of a
+    tensor-parallel group (replication 2 of 4 ranks) see the same examples, whatever RANK says; without a share
+    a loader deals by its own world rank."""
+    path = write_prompt_response_jsonl(tmp_path / "pr.jsonl", corpus[:24])
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "3")  # world rank 3 = data-parallel rank 1 of 2 in a TP group of 2
+    shared = _loader_rows(build(path, tokenizer, share=DataShare(rank=1, size=2, replication=2), shuffle=True))
+    own = _loader_rows(build(path, tokenizer, shuffle=True))
+    dataset = build(path, tokenizer, shuffle=True).dataset
+    assert shared == _sampler_rows(dataset, 1, 2, 4, drop_last=True)
+    assert own == _sampler_rows(dataset, 3, 4, 4, drop_last=True) and own != shared

@@ -64,17 +64,12 @@ def test_a_layer_plan_is_refused_and_the_ranks_of_a_tp_group_share_their_data(mo
     assert TPConfig(layer_plan={"ffn": "colwise"}).check_settings("tp_config") == [
         "tp_config.layer_plan: explicit plans are not supported; use tp_config.strategy: ffn | block"]
     positions = []
-    try:
-        for rank in range(4):
-            monkeypatch.setenv("RANK", str(rank))
-            monkeypatch.setenv("WORLD_SIZE", "4")
-            dist.set_replication(2)
-            positions.append(dist.data_parallel())
-        dist.set_replication(1)
-        assert dist.data_parallel() == (3, 4)
-    finally:
-        dist.set_replication(1)
-    assert positions == [(0, 2), (0, 2), (1, 2), (1, 2)]
+    for rank in range(4):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "4")
+        positions.append(dist.data_share(replication=2))
+    assert dist.data_share() == dist.DataShare(rank=3, size=4, replication=1)  # nothing kept between calls
+    assert [(p.rank, p.size, p.replication) for p in positions] == [(0, 2, 2), (0, 2, 2), (1, 2, 2), (1, 2, 2)]
 
 
 @pytest.mark.parametrize("learned_pos_emb", [False, True], ids=["rope", "learned_positions"])

@@ -126,7 +126,7 @@ class SpeedMonitor(Callback):
         if seq_len not in self.flops_per_token:
             self.flops_per_token[seq_len] = float(trainer.model.flops_per_token(seq_len))
         local = torch.tensor(self.flops_per_token[seq_len] * ids.numel(), dtype=torch.float64, device=ids.device)
-        return float(dist.all_reduce_sum(local)) / dist.replication()
+        return float(dist.all_reduce_sum(local)) / trainer.data_share.replication
 
     def on_batch_end(self, trainer, metrics):
         self.flops_so_far += self._batch_flops(trainer)  # a collective: every rank, every batch
