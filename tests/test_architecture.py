@@ -69,3 +69,31 @@ def test_the_counter_finds_an_import_inside_a_function(tmp_path):
 def test_no_module_is_longer_than_500_lines():
     long = {str(p.relative_to(PACKAGE.parent)): n for p in _modules() if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines (split them by job): {long}"
+
+
+# train/ reads what a model declares (models.interface.hooks_of / the CausalLM members), never its attributes
+MODEL_NAMES = ("model", "hf_model", "parallel_model", "wrapped", "base_model")
+
+
+def _model_probes(tree: ast.AST) -> list[str]:
+    """`getattr(X, ...)` / `hasattr(X, ...)` calls whose X is a model (a name or attribute from MODEL_NAMES)."""
+    found = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
+                and node.args):
+            target = node.args[0]
+            name = target.id if isinstance(target, ast.Name) else getattr(target, "attr", None)
+            if name in MODEL_NAMES:
+                found.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_train_never_probes_a_model_with_getattr_or_hasattr():
+    probes = {str(path.relative_to(PACKAGE.parent)): found for path in sorted((PACKAGE / "train").rglob("*.py"))
+              if (found := _model_probes(ast.parse(path.read_text())))}
+    assert not probes, f"declare it in models.interface.ModelHooks instead: {probes}"
+
+
+def test_the_probe_finder_sees_a_probe():
+    code = "def f(trainer, model):\n    getattr(model, 'arch', None)\n    hasattr(trainer.model, 'x')\n    getattr(cfg, 'y')\n"
+    assert [p.split(":")[0] for p in _model_probes(ast.parse(code))] == ["line 2", "line 3"]

@@ -24,6 +24,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, BitsAndBytesConfig, G
 from llmfoundry.core.errors import ConfigError, did_you_mean, first_line, refusal_reason
 from llmfoundry.core.notices import notice_once
 from llmfoundry.models.hf_import import is_llm_foundry_mpt_folder
+from llmfoundry.models.interface import ModelHooks
 from llmfoundry.models.layers.positional import segment_positions
 from llmfoundry.models.mpt.config import MPTConfig
 from llmfoundry.models.mpt.model import MPTForCausalLM  # importing it lets the Auto classes open our MPT
@@ -35,9 +36,10 @@ class HFCausalLM(nn.Module):
     """A transformers causal LM (optionally with peft adapters) with the trainer's interface."""
 
     supports_sequence_id = True
-    # should_save_peft_only and LoRA active (set by load_hf_causal_lm): what checkpoint code may read to save only
-    # the adapters, as Composer's HuggingFaceModel.state_dict does
+    # should_save_peft_only and LoRA active (set by load_hf_causal_lm): checkpoints then save only the adapters,
+    # as Composer's HuggingFaceModel.state_dict does
     saves_adapters_only = False
+    pretrained_weights = None  # set by load_hf_causal_lm for a meta model read from its folder after sharding
 
     def __init__(self, hf_model: nn.Module, attn_uses_sequence_id: bool = False):
         super().__init__()
@@ -111,6 +113,11 @@ class HFCausalLM(nn.Module):
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.base_model.get_input_embeddings()
+
+    def model_hooks(self) -> ModelHooks:
+        return ModelHooks(init_parameters=self.init_parameters, init_module=self._init_weights,
+                          pretrained_weights=self.pretrained_weights, saves_adapters_only=self.saves_adapters_only,
+                          tie_word_embeddings=bool(getattr(self.config, "tie_word_embeddings", False)))
 
     def blocks(self) -> list[nn.Module]:
         """The decoder layers: the modules transformers itself never splits across devices."""

@@ -5,13 +5,18 @@ trainer, the parallelism code and the callbacks use them directly, never by prob
 (``models.mpt``) and the transformers wrapper (``models.hf``) implement it; a plugin model does too, and
 ``check_causal_lm`` names what one lacks when it is built.
 
-One member is optional: ``is_encoder_decoder = True`` marks a model whose forward also takes the batch's
+Two members are optional: ``is_encoder_decoder = True`` marks a model whose forward also takes the batch's
 ``decoder_input_ids``/``decoder_attention_mask`` and whose logits are scored against ``labels`` without a shift
-(``hf_t5``); ``label_offset`` reads it, so decoder-only plugin models need not declare it.
+(``hf_t5``); ``label_offset`` reads it, so decoder-only plugin models need not declare it. ``model_hooks()``
+returns the model's :class:`ModelHooks`: what initialisation, parallelism and checkpoints need beyond the
+protocol (how to initialise a meta model, where pretrained weights come from, what to recompute in backward, ...).
+train/ reads them through :func:`hooks_of` and never probes a model's attributes itself.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -42,6 +47,37 @@ class CausalLM(Protocol):
     def get_input_embeddings(self) -> nn.Embedding:
         """The token embedding (its ``num_embeddings`` bounds the token ids a batch may hold)."""
         ...
+
+
+@dataclass(frozen=True)
+class ModelHooks:
+    """What a model declares for initialisation, parallelism and checkpoints (``model_hooks()``); every field is
+    optional, and a model that declares nothing gets these defaults."""
+
+    #: (re)initialise every parameter once a meta-device model has storage (init_device: meta)
+    init_parameters: Callable[[], None] | None = None
+    #: initialise one module (transformers' ``_init_weights``): what pretrained files lack, in a meta build
+    init_module: Callable[[nn.Module], None] | None = None
+    #: where a meta-built model's pretrained weights are read from after sharding (models/pretrained_weights.py)
+    pretrained_weights: Any = None
+    #: the modules recomputed in backward under activation checkpointing (None: every block)
+    checkpoint_targets: list[nn.Module] | None = None
+    #: checkpoints hold only the trained adapters (peft's should_save_peft_only); the frozen base is not saved
+    saves_adapters_only: bool = False
+    #: the output head shares the token embedding's weight (Composer's checkpoints then have no lm_head.weight)
+    tie_word_embeddings: bool = False
+    #: MPT's validated architecture (models/mpt/arch.MPTArch): the tensor- and expert-parallel plans read it
+    arch: Any = None
+    #: MoE models: tokens routed to each expert of each layer since the last reset, as a (layers, experts) tensor
+    tokens_per_expert: Callable[[], torch.Tensor | None] | None = None
+    #: MoE models: start counting tokens per expert anew
+    reset_tokens_per_expert: Callable[[], None] | None = None
+
+
+def hooks_of(model: Any) -> ModelHooks:
+    """The hooks ``model`` declares (its optional ``model_hooks()``), or the defaults."""
+    declare = getattr(model, "model_hooks", None)
+    return declare() if callable(declare) else ModelHooks()
 
 
 def is_encoder_decoder(model: Any) -> bool:

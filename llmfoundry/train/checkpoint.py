@@ -42,6 +42,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from llmfoundry.core import dist
 from llmfoundry.core.errors import ConfigError, first_line
+from llmfoundry.models.interface import hooks_of
 from llmfoundry.train.checkpoint_files import record_checksums, verify_checkpoint
 from llmfoundry.train.dcp_reading import (
     SafeFileSystemReader,
@@ -130,7 +131,7 @@ def model_state(model: torch.nn.Module) -> dict[str, Any]:
     """The model state a checkpoint holds: all of it, or only the trained parameters of a LoRA model whose recipe
     says should_save_peft_only (the frozen base comes from its pretrained folder again on load, as in Composer)."""
     state = get_model_state_dict(model)
-    if not getattr(model, "saves_adapters_only", False):
+    if not hooks_of(model).saves_adapters_only:
         return state
     trained = {name for name, param in model.named_parameters() if param.requires_grad}
     return {name: value for name, value in state.items() if name in trained}
@@ -290,7 +291,7 @@ def load_checkpoint(
     rank0 = _read_small_state(rank0_file) if rank0_file.exists() else {}
     with_optimizer = not weights_only and optimizer is not None and not rank0.get("weights_only", False)
     state: dict[str, Any] = {"model": model_state(model)}
-    if getattr(model, "saves_adapters_only", False):  # the frozen base is not in the checkpoint
+    if hooks_of(model).saves_adapters_only:  # the frozen base is not in the checkpoint
         options = StateDictOptions(strict=False)
     if ignore:
         with_optimizer = with_optimizer and not ignore.section("optimizer")

@@ -44,6 +44,7 @@ from torch.torch_version import TorchVersion
 
 from llmfoundry.core.errors import ConfigError, first_line, refusal_reason
 from llmfoundry.core.notices import notice_once
+from llmfoundry.models.interface import hooks_of
 from llmfoundry.models.layers.moe import expert_weight_from_llm_foundry
 from llmfoundry.train.composer_moments import MomentScale, fsdp_version_from_order, moment_scale
 from llmfoundry.train.dcp_reading import (
@@ -285,14 +286,13 @@ def _our_prefix(ours: dict[str, Any], theirs: dict[str, Any]) -> str:
 
 def _is_tied_head(name: str, model: torch.nn.Module) -> bool:
     """An output head tied to the embedding is not saved on its own by Composer's HF wrapper."""
-    config = getattr(model, "config", None)
-    return name.endswith("lm_head.weight") and bool(getattr(config, "tie_word_embeddings", False))
+    return name.endswith("lm_head.weight") and hooks_of(model).tie_word_embeddings
 
 
 def _ffn_type(model: torch.nn.Module) -> str | None:
     """The ffn_type of our MPT (None for other models), which says how llm-foundry laid out its expert matrices."""
-    arch = getattr(model, "arch", None)
-    return getattr(getattr(arch, "ffn_config", None), "ffn_type", None)
+    arch = hooks_of(model).arch
+    return None if arch is None else arch.ffn_config.ffn_type
 
 
 def _ours(name: str, value: torch.Tensor, model: torch.nn.Module, current: Any, what: str) -> torch.Tensor:

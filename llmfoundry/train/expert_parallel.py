@@ -32,15 +32,16 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import Shard, distribute_tensor
 
 from llmfoundry.core.errors import ConfigError
+from llmfoundry.models.interface import hooks_of
 from llmfoundry.models.layers.moe import DroplessMoE, ExpertMLP
 
 
 def expert_parallel_degree(model: nn.Module) -> int:
     """``moe_world_size`` of an MPT with MoE FFNs (1 otherwise)."""
-    ffn = getattr(getattr(model, "arch", None), "ffn_config", None)
-    if ffn is None or not any(isinstance(m, DroplessMoE) for m in model.modules()):
+    arch = hooks_of(model).arch
+    if arch is None or not any(isinstance(m, DroplessMoE) for m in model.modules()):
         return 1
-    return int(getattr(ffn, "moe_world_size", 1) or 1)
+    return int(arch.ffn_config.moe_world_size or 1)
 
 
 def check_expert_parallel(degree: int, fsdp, world_size: int, tensor_parallel: bool) -> None:

@@ -56,13 +56,14 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.core.notices import notice_once
 from llmfoundry.core.precision import DTYPES, low_dtype
+from llmfoundry.models.interface import hooks_of
 from llmfoundry.models.pretrained_weights import PretrainedWeights
 from llmfoundry.train import expert_parallel, tensor_parallel
 from llmfoundry.train.settings import CompileConfig, FSDPConfig, TPConfig
@@ -186,7 +187,7 @@ def each_block(model: nn.Module, blocks: list[nn.Module], device: torch.device, 
     the values are the same as materialising the whole model first, whatever the layout (one rank, FSDP, TP, EP).
     Tensors that pretrained files hold stay on meta; returns those files (to read into the shards afterwards),
     or None when nothing was left on meta for them."""
-    init_module = _module_init(model) if is_meta(model) else None
+    init_module = hooks_of(model).init_module if is_meta(model) else None
     if init_module is None:  # nothing to materialise here (or no per-module initialiser: done on the shards)
         for i, block in enumerate(blocks):
             on_block(i, block)
@@ -245,12 +246,10 @@ def fsdp1_notices(cfg: FSDPConfig) -> None:
 
 
 def checkpoint_targets(model: nn.Module, blocks: list[nn.Module]) -> list[nn.Module]:
-    """The modules to recompute in backward: those the model builder marked with ``_activation_checkpointing``
-    (Composer's convention; MPT marks them from ``model.activation_checkpointing_target``), else every block."""
-    marked = [m for m in model.modules() if hasattr(m, "_activation_checkpointing")]
-    if marked:
-        return [m for m in marked if m._activation_checkpointing]
-    return blocks
+    """The modules to recompute in backward: those the model declares (MPT: from
+    ``model.activation_checkpointing_target``), else every block."""
+    targets = hooks_of(model).checkpoint_targets
+    return blocks if targets is None else targets
 
 
 def broadcast_from_rank0(model: nn.Module) -> None:
@@ -258,12 +257,6 @@ def broadcast_from_rank0(model: nn.Module) -> None:
     with torch.no_grad():
         for tensor in [*model.parameters(), *model.buffers()]:
             torch.distributed.broadcast(tensor.data, src=0)
-
-
-def _module_init(model: nn.Module):
-    """The model's per-module initialiser (transformers' ``_init_weights``), or None."""
-    init = getattr(model, "_init_weights", None)
-    return init if callable(init) else None
 
 
 def _materialize_modules(modules, device: torch.device, init_module, provided: set[int] = frozenset(),
@@ -305,8 +298,8 @@ def _allocate_own(module: nn.Module, device: torch.device | str, allocated: dict
 
 
 def pretrained_files(model: nn.Module) -> PretrainedWeights | None:
-    """Where a meta-built model's pretrained weights are read from (set by the model builder), or None."""
-    return getattr(model, "pretrained_weights", None)
+    """Where a meta-built model's pretrained weights are read from (declared by the model), or None."""
+    return hooks_of(model).pretrained_weights
 
 
 # ----------------------------------------------------------------------------------------------- entry point
@@ -386,7 +379,8 @@ def materialize(model: nn.Module, device: torch.device | str, seed: int) -> None
     """Allocate a meta-device model's (possibly sharded) parameters and initialise them with the model's init;
     a model built from pretrained files then reads them (only tensors the files lack are initialised, when the
     model has a per-module initialiser)."""
-    files, init_module = pretrained_files(model), _module_init(model)
+    hooks = hooks_of(model)
+    files, init_module = hooks.pretrained_weights, hooks.init_module
     if files is not None and init_module is not None:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
@@ -394,7 +388,7 @@ def materialize(model: nn.Module, device: torch.device | str, seed: int) -> None
         allocate_meta(model, device)
         files.fill(model)
         return
-    init = getattr(model, "init_parameters", None) or getattr(model, "reset_parameters", None)
+    init = hooks.init_parameters
     if init is None:
         raise ConfigError("model.init_device: 'meta' needs a model with init_parameters() (use init_device: cpu)")
     allocate_meta(model, device)
@@ -411,13 +405,13 @@ def gradient_sync(model: nn.Module, enabled: bool):
     if enabled:
         yield
         return
-    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+    if isinstance(model, FSDPModule):
         model.set_requires_gradient_sync(False)
         try:
             yield
         finally:
             model.set_requires_gradient_sync(True)
-    elif hasattr(model, "no_sync"):  # DDP
+    elif isinstance(model, DistributedDataParallel):
         with model.no_sync():
             yield
     else:

@@ -54,6 +54,8 @@ from torch.distributed.tensor.parallel import (
 )
 
 from llmfoundry.core.errors import ConfigError
+from llmfoundry.models.interface import hooks_of
+from llmfoundry.models.layers.ffn import MPTGLU
 from llmfoundry.models.mpt.model import token_positions
 from llmfoundry.train.settings import FSDPConfig, TPConfig
 
@@ -67,8 +69,8 @@ def check_tensor_parallel(model: nn.Module, tp: TPConfig, fsdp: FSDPConfig | Non
     if world_size % degree:
         raise ConfigError(f"tp_config.tensor_parallel_degree: {degree} does not divide the world size {world_size} "
                           f"(use a divisor of it)")
-    arch = getattr(model, "arch", None)
-    if arch is None or not hasattr(arch, "attn_config") or not hasattr(arch, "ffn_config"):
+    arch = hooks_of(model).arch
+    if arch is None:
         raise ConfigError(f"tp_config: tensor parallelism has a plan for MPT models only, not {type(model).__name__} "
                           "(remove tp_config, or use model.name: mpt_causal_lm)")
     f, a = arch.ffn_config, arch.attn_config
@@ -165,7 +167,7 @@ def ffn_plan(ffn: nn.Module, prefix: str = "ffn.", output=None) -> dict:
     along the sequence, ``output=Shard(1)``) of the FFN output."""
     plan = {f"{prefix}up_proj": ColwiseParallel(),
             f"{prefix}down_proj": RowwiseParallel(output_layouts=output or Replicate())}
-    if hasattr(ffn, "gate_proj"):
+    if isinstance(ffn, MPTGLU):
         plan[f"{prefix}gate_proj"] = ColwiseParallel()
     return plan
 

@@ -48,9 +48,17 @@ def forked_ranks_args(nproc: int) -> list[str]:
         server = subprocess.Popen([sys.executable, str(RANK_SERVER), socket_path], env=worker_env(),
                                   stdout=subprocess.PIPE, text=True, start_new_session=True)
         assert server.stdout.readline().strip() == "ready", "the tests' rank server did not start"
-        atexit.register(server.kill)
+        atexit.register(_end_rank_server, server, os.path.dirname(socket_path))
         _rank_server = (server, socket_path)
     return [sys.executable, str(RANK_CLIENT), _rank_server[1], str(nproc)]
+
+
+def _end_rank_server(server: subprocess.Popen, folder: str) -> None:
+    import shutil
+
+    server.kill()
+    server.wait()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def launch(recipe_dict: dict, tmp_path: Path, name: str, nproc: int = 2, overrides=(), entry=None) -> subprocess.Popen:

@@ -30,6 +30,7 @@ from llmfoundry.models.layers.moe_keys import is_moe, loss_weight
 from llmfoundry.models.layers.norm import build_norm
 from llmfoundry.models.layers.positional import RotaryEmbedding, alibi_slopes
 from llmfoundry.models.loss import causal_lm_loss
+from llmfoundry.models.interface import ModelHooks
 from llmfoundry.models.mpt.arch import MPTArch
 from llmfoundry.models.mpt.block_overrides import layer_attn_overrides
 from llmfoundry.models.mpt.config import MPTConfig, resolve_attn_impl
@@ -161,6 +162,7 @@ class MPTForCausalLM(MPTPreTrainedModel, GenerationMixin):
         # MoE: tokens routed to each expert of each layer by training forwards since the last reset (the
         # mbmoe_tok_per_expert callback resets and reads it once per batch); None for a dense model
         self.tokens_per_expert: torch.Tensor | None = None
+        self.pretrained_weights = None  # set by the builder of a meta model read from a folder (mpt_causal_lm.py)
         self.post_init()
 
     @classmethod
@@ -170,6 +172,17 @@ class MPTForCausalLM(MPTPreTrainedModel, GenerationMixin):
         return cls(MPTConfig.from_arch(arch))
 
     # -- what the trainer relies on ---------------------------------------------------------------------------
+    def model_hooks(self) -> ModelHooks:
+        marked = [m for m in self.modules() if hasattr(m, "_activation_checkpointing")]  # act_ckpt.py marks them
+        moe = is_moe(self.arch.ffn_config.ffn_type)
+        return ModelHooks(
+            init_parameters=self.init_parameters, init_module=self._init_weights,
+            pretrained_weights=self.pretrained_weights,
+            checkpoint_targets=[m for m in marked if m._activation_checkpointing] if marked else None,
+            tie_word_embeddings=self.arch.tie_word_embeddings, arch=self.arch,
+            tokens_per_expert=(lambda: self.tokens_per_expert) if moe else None,
+            reset_tokens_per_expert=(lambda: setattr(self, "tokens_per_expert", None)) if moe else None)
+
     def blocks(self) -> list[nn.Module]:
         return list(self.transformer.blocks)
 

@@ -14,6 +14,7 @@ import torch
 
 from llmfoundry.core import dist
 from llmfoundry.core.errors import ConfigError
+from llmfoundry.models.interface import hooks_of
 from llmfoundry.models.layers.moe import DroplessMoE
 from llmfoundry.train.callbacks.base import Callback
 from llmfoundry.train.callbacks.settings import TokPerExpertSettings
@@ -27,18 +28,19 @@ class TokPerExpert(Callback):
 
     def on_fit_start(self, trainer) -> None:
         moe = [m for m in trainer.model.modules() if isinstance(m, DroplessMoE)]
-        if not moe or not hasattr(trainer.model, "tokens_per_expert"):
+        self.hooks = hooks_of(trainer.model)
+        if not moe or self.hooks.tokens_per_expert is None:
             raise ConfigError("callbacks.mbmoe_tok_per_expert: the model has no mixture-of-experts layers (set "
                               "model.ffn_config.ffn_type to mb_moe, mb_dmoe or torch_dmoe, or remove the callback)")
         self.top_k = moe[0].top_k
 
     def on_batch_start(self, trainer) -> None:
-        trainer.model.tokens_per_expert = None  # count this batch's forwards only
+        self.hooks.reset_tokens_per_expert()  # count this batch's forwards only
 
     def on_batch_end(self, trainer, metrics) -> None:
         if trainer.time.batch % self.s.log_interval:
             return
-        counts = trainer.model.tokens_per_expert
+        counts = self.hooks.tokens_per_expert()
         if counts is None:  # a skipped or empty batch: nothing was routed
             return
         counts = counts.detach().clone()  # (L, E)
