@@ -26,6 +26,7 @@ import select
 import signal
 import socket
 import sys
+import time
 import traceback
 
 MAX_FDS = 3
@@ -97,8 +98,11 @@ def _lead(conn: socket.socket, request: dict) -> int:
         for _, exit_code in _reap(ranks):
             if exit_code != 0 and code == 0:
                 code = exit_code if exit_code > 0 else 128 - exit_code
-                _signal_all(ranks, signal.SIGTERM)
-                select.select([], [], [], 5) if ranks else None
+                _signal_all(ranks, signal.SIGTERM)  # as torchrun does; what is left after 5 s is killed
+                deadline = time.monotonic() + 5
+                while ranks and time.monotonic() < deadline:
+                    _reap(ranks)
+                    time.sleep(0.05)
                 _signal_all(ranks, signal.SIGKILL)
     return code
 

@@ -41,35 +41,29 @@ def reference(ray_cluster, torchrun_reference):
 
 
 @pytest.mark.slow
-def test_ray_run_trains_bitwise_like_torchrun(reference, tmp_path, mds_root, tokenizer_dir):
-    recipe = write_recipe(ray_recipe(mds_root, tokenizer_dir, tmp_path), tmp_path)
-    result = llmfoundry(["ray", str(recipe), "--num-workers", "2", "--run-name", "same-as-torchrun",
-                         "--storage-path", str(tmp_path / "ray")], tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert_same_training(reference, tmp_path)
-    # Ray's run knows our checkpoints (pointers in its run folder; nothing was copied)
-    runs = tmp_path / "ray" / "same-as-torchrun" / "checkpoints"
-    pointers = {p.name: json.loads((p / "llmfoundry_checkpoint.json").read_text()) for p in runs.iterdir()}
-    assert sorted(pointers) == ["ep0-ba10", "ep0-ba4", "ep0-ba8"]
-    assert pointers[FINAL]["path"] == str(tmp_path / "ckpt" / FINAL) and pointers[FINAL]["batch"] == 10
-    assert not any(p.name.endswith(".distcp") for p in runs.rglob("*"))
-
-
-@pytest.mark.slow
-def test_dead_rank_is_restarted_and_resumes_from_the_newest_checkpoint(reference, tmp_path, mds_root,
-                                                                       tokenizer_dir):
+def test_a_dead_rank_is_restarted_resumes_from_the_newest_checkpoint_and_ends_bitwise_like_torchrun(
+        reference, tmp_path, mds_root, tokenizer_dir):
+    """One Ray run for both: it trains what torchrun trains (bitwise, from Ray's process group), and when rank 1
+    dies (os._exit after batch 6) Ray restarts the group, which resumes from ep0-ba4. (A run that continues
+    exactly once, nothing repeated, is test_run_stopped_under_torchrun_continues_under_ray_from_s3.)"""
     marker = tmp_path / "rank1-exited"
     recipe = ray_recipe(mds_root, tokenizer_dir, tmp_path)
     recipe["callbacks"]["exit_once"] = {"marker": str(marker), "rank": 1, "batch": 6}
     result = ray_launch.fit(str(write_recipe(recipe, tmp_path)), num_workers=2, max_failures=1,
                             storage_path=str(tmp_path / "ray"), run_name="dies-once")
-    assert marker.exists()  # rank 1 did exit (os._exit) after batch 6 on the first attempt
+    assert marker.exists()  # rank 1 did exit after batch 6 on the first attempt
     assert result.error is None
     assert json.loads(Path(result.checkpoint.path, "llmfoundry_checkpoint.json").read_text())["batch"] == 10
     # batches 5 and 6 ran twice (after the crash, from ep0-ba4), everything else once; the end is bitwise the same
     seen = [row["batch"] for row in _rank0_rows(tmp_path)]
     assert seen[:6] == [1, 2, 3, 4, 5, 6] and seen[-6:] == [5, 6, 7, 8, 9, 10] and len(seen) in (12, 13), seen
     assert_same_training(reference, tmp_path, exactly_once=False)
+    # Ray's run knows our checkpoints, of both attempts (pointers in its run folder; nothing was copied)
+    runs = tmp_path / "ray" / "dies-once" / "checkpoints"
+    pointers = {p.name: json.loads((p / "llmfoundry_checkpoint.json").read_text()) for p in runs.iterdir()}
+    assert sorted(pointers) == ["ep0-ba10", "ep0-ba4", "ep0-ba8"]
+    assert pointers[FINAL]["path"] == str(tmp_path / "ckpt" / FINAL) and pointers[FINAL]["batch"] == 10
+    assert not any(p.name.endswith(".distcp") for p in runs.rglob("*"))
 
 
 def _rank0_rows(folder):
