@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from torch import nn
@@ -31,7 +32,12 @@ def build_dataloader(section: Component, tokenizer, device_batch_size: int, key:
     the data; ``key`` names it in errors. A registered builder takes ``(settings, tokenizer, device_batch_size, *,
     key, share)``."""
     entry = registry.dataloaders.get(section.name, key=f"{key}.name")
-    return entry.builder(section.settings, tokenizer, device_batch_size, key=key, share=share)
+    if "share" in inspect.signature(entry.builder).parameters:
+        return entry.builder(section.settings, tokenizer, device_batch_size, key=key, share=share)
+    if share.replication > 1:  # a plugin loader written before DataShare: it would deal by world rank
+        raise ConfigError(f"{key}.name: the '{section.name}' loader takes no share= argument, so it cannot give the "
+                          f"{share.replication} ranks of a tensor-parallel group the same batches")
+    return entry.builder(section.settings, tokenizer, device_batch_size, key=key)
 
 
 def build_optimizer(cfg: TrainConfig, model: nn.Module):

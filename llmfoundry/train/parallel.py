@@ -390,7 +390,8 @@ def materialize(model: nn.Module, device: torch.device | str, seed: int) -> None
         return
     init = hooks.init_parameters
     if init is None:
-        raise ConfigError("model.init_device: 'meta' needs a model with init_parameters() (use init_device: cpu)")
+        raise ConfigError("model.init_device: 'meta' needs a model whose model_hooks() give init_parameters "
+                          "(models/interface.ModelHooks; or use init_device: cpu)")
     allocate_meta(model, device)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -19,6 +19,7 @@ The server stays single-threaded and computes nothing before a fork: torch's thr
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import runpy
@@ -26,6 +27,7 @@ import select
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 
@@ -47,6 +49,8 @@ def _run_rank(rank: int, nproc: int, port: int, script: str, args: list[str]) ->
         runpy.run_path(script, run_name="__main__")
         return 0
     except SystemExit as stop:
+        if isinstance(stop.code, str):
+            print(stop.code, file=sys.stderr)  # as the interpreter prints sys.exit("message")
         return stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
     except BaseException:  # noqa: BLE001 - printed as an uncaught exception is, then the rank's exit code
         traceback.print_exc()
@@ -87,7 +91,7 @@ def _lead(conn: socket.socket, request: dict) -> int:
         pid = os.fork()
         if pid == 0:
             conn.close()
-            os._exit(_run_rank(rank, request["nproc"], port, request["script"], request["args"]))
+            _exit(_run_rank(rank, request["nproc"], port, request["script"], request["args"]))
         ranks[pid] = rank
     code = 0
     while ranks:
@@ -107,6 +111,32 @@ def _lead(conn: socket.socket, request: dict) -> int:
     return code
 
 
+def _read_request(conn: socket.socket) -> tuple[dict | None, list[int]]:
+    """The client's request (one line of JSON) and the file descriptors sent with it; None if incomplete."""
+    message, fds, _, _ = socket.recv_fds(conn, 1 << 16, MAX_FDS)
+    while message and not message.endswith(b"\n"):
+        chunk = conn.recv(1 << 16)
+        if not chunk:
+            break
+        message += chunk
+    try:
+        return (json.loads(message) if message.endswith(b"\n") else None), list(fds)
+    except ValueError:
+        return None, list(fds)
+
+
+def _exit(code: int) -> None:
+    """End a forked rank as the interpreter ends a process (non-daemon threads joined, atexit handlers run, output
+    flushed), without unwinding into the server's loop."""
+    try:
+        threading._shutdown()  # what Python runs at exit: wait for non-daemon threads
+        atexit._run_exitfuncs()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 def serve(path: str) -> None:
     import llmfoundry.cli  # noqa: F401 - the heavy imports, once, before any fork
     import llmfoundry.train.run  # noqa: F401
@@ -116,14 +146,18 @@ def serve(path: str) -> None:
     listener.listen(16)
     print("ready", flush=True)
     while True:
+        readable, _, _ = select.select([listener, sys.stdin], [], [])
+        if sys.stdin in readable and not os.read(sys.stdin.fileno(), 1):
+            return  # the test session that started this server is gone (its end of the pipe closed)
+        if listener not in readable:
+            continue
         conn, _ = listener.accept()
-        message, fds, _, _ = socket.recv_fds(conn, 1 << 16, MAX_FDS)
-        while message and not message.endswith(b"\n"):  # the request is one line of JSON
-            message += conn.recv(1 << 16) or b"\0"  # a client gone mid-request: dropped below
-        if not message.endswith(b"\n"):
+        request, fds = _read_request(conn)
+        if request is None:  # a client gone mid-request, or not one of ours
+            for fd in fds:
+                os.close(fd)
             conn.close()
             continue
-        request = json.loads(message)
         leader = os.fork()
         if leader == 0:
             listener.close()

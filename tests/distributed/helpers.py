@@ -1,4 +1,5 @@
-"""Helpers for multi-process tests: real torchrun launches on CPU (gloo), reading what the jobs left behind.
+"""Helpers for multi-process tests: jobs of several ranks on CPU (gloo), forked from the rank server or launched
+with torchrun, and reading what the jobs left behind.
 
 Test modules import these as ``from tests.distributed.helpers import ...``; the ``dist_recipe`` fixture is in conftest.py.
 """
@@ -45,8 +46,9 @@ def forked_ranks_args(nproc: int) -> list[str]:
         import tempfile
 
         socket_path = os.path.join(tempfile.mkdtemp(prefix="llmfoundry-ranks-"), "socket")
+        # stdin: a pipe only this process holds; the server ends when it closes, however this session ends
         server = subprocess.Popen([sys.executable, str(RANK_SERVER), socket_path], env=worker_env(),
-                                  stdout=subprocess.PIPE, text=True, start_new_session=True)
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
         assert server.stdout.readline().strip() == "ready", "the tests' rank server did not start"
         atexit.register(_end_rank_server, server, os.path.dirname(socket_path))
         _rank_server = (server, socket_path)
