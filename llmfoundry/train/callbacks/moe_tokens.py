@@ -14,7 +14,7 @@ import torch
 
 from llmfoundry.core import dist
 from llmfoundry.core.errors import ConfigError
-from llmfoundry.models.interface import hooks_of
+from llmfoundry.models.interface import ModelHooks, hooks_of
 from llmfoundry.models.layers.moe import DroplessMoE
 from llmfoundry.train.callbacks.base import Callback
 from llmfoundry.train.callbacks.settings import TokPerExpertSettings
@@ -25,6 +25,7 @@ class TokPerExpert(Callback):
         self.s = settings
         self.top_k: int | None = None
         self.counts: torch.Tensor | None = None  # (layers, experts) of the last logged batch, before normalize
+        self.hooks = ModelHooks()  # the model's, from on_fit_start: its tokens-per-expert counter
 
     def on_fit_start(self, trainer) -> None:
         moe = [m for m in trainer.model.modules() if isinstance(m, DroplessMoE)]
