@@ -36,6 +36,18 @@ def resolve(reference: str) -> Any:
     return getattr(importlib.import_module(module), attribute)
 
 
+def lazy_attributes(package: str, references: dict[str, str]):
+    """A module ``__getattr__`` for ``package`` that imports each attribute's ``"module:attribute"`` reference on
+    first use (a light package re-exporting a class whose module needs torch)."""
+
+    def __getattr__(attribute: str) -> Any:
+        if attribute in references:
+            return resolve(references[attribute])
+        raise AttributeError(f"module {package!r} has no attribute {attribute!r}")
+
+    return __getattr__
+
+
 @dataclass(frozen=True)
 class Entry:
     name: str

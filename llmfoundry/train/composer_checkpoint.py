@@ -44,7 +44,7 @@ from torch.torch_version import TorchVersion
 
 from llmfoundry.core.errors import ConfigError, first_line, refusal_reason
 from llmfoundry.core.notices import notice_once
-from llmfoundry.models.interface import hooks_of
+from llmfoundry.models.interface import ModelHooks, hooks_of
 from llmfoundry.models.layers.moe import expert_weight_from_llm_foundry
 from llmfoundry.train.composer_moments import MomentScale, fsdp_version_from_order, moment_scale
 from llmfoundry.train.dcp_reading import (
@@ -243,15 +243,16 @@ def load_into_training(
     where = f"load_path: '{checkpoint.path}'"
     ours = get_model_state_dict(model)
     prefix = _our_prefix(ours, checkpoint.model)
+    hooks = hooks_of(model)  # once: a model's hooks may walk its modules
     state = {}
     for name, value in checkpoint.model.items():
         if ignore and ignore.model_key(name):
             continue
         if prefix + name in ours:
-            value = _ours(name, value, model, ours[prefix + name], f"{where} weight")
+            value = _ours(name, value, hooks, ours[prefix + name], f"{where} weight")
             state[prefix + name] = _like(value, ours[prefix + name], f"{where} weight '{name}'")
     missing = sorted(k for k in ours if k not in state and not (ignore and ignore.model_key(k[len(prefix):]))
-                     and not _is_tied_head(k, model))
+                     and not (k.endswith("lm_head.weight") and hooks.tie_word_embeddings))
     unexpected = sorted(n for n in checkpoint.model if prefix + n not in ours and not (ignore and ignore.model_key(n)))
     if strict and (missing or unexpected):
         detail = (f"missing {missing[:3]}" if missing else "") + (", " if missing and unexpected else "") + (
@@ -284,20 +285,11 @@ def _our_prefix(ours: dict[str, Any], theirs: dict[str, Any]) -> str:
     return ""
 
 
-def _is_tied_head(name: str, model: torch.nn.Module) -> bool:
-    """An output head tied to the embedding is not saved on its own by Composer's HF wrapper."""
-    return name.endswith("lm_head.weight") and hooks_of(model).tie_word_embeddings
-
-
-def _ffn_type(model: torch.nn.Module) -> str | None:
-    """The ffn_type of our MPT (None for other models), which says how llm-foundry laid out its expert matrices."""
-    arch = hooks_of(model).arch
-    return None if arch is None else arch.ffn_config.ffn_type
-
-
-def _ours(name: str, value: torch.Tensor, model: torch.nn.Module, current: Any, what: str) -> torch.Tensor:
-    """A weight (or optimizer state of its shape) of Composer's model in our layout: MoE expert matrices differ."""
-    return expert_weight_from_llm_foundry(name, value, _ffn_type(model), current.shape, what)
+def _ours(name: str, value: torch.Tensor, hooks: ModelHooks, current: Any, what: str) -> torch.Tensor:
+    """A weight (or optimizer state of its shape) of Composer's model in our layout: MoE expert matrices differ (the
+    ffn_type of our MPT says how llm-foundry laid them out; other models have no arch)."""
+    ffn_type = None if hooks.arch is None else hooks.arch.ffn_config.ffn_type
+    return expert_weight_from_llm_foundry(name, value, ffn_type, current.shape, what)
 
 
 def _like(value: torch.Tensor, current: Any, what: str) -> Any:
@@ -332,13 +324,14 @@ def _load_optimizer(checkpoint: ComposerCheckpoint, model, optimizer, optimizer_
         raise ConfigError(f"{where} has {len(checkpoint.param_groups)} optimizer param groups, this run "
                           f"{len(ours['param_groups'])}; set load_weights_only: true")
     state = {}
+    hooks = hooks_of(model)
     for group in ours["param_groups"]:
         for name in group["params"]:
             saved = checkpoint.optimizer_state.get(name[len(prefix):])
             if saved is None:
                 continue
             state[name] = {k: (v.to(torch.float32) if k == "step" else _like(
-                _ours(name[len(prefix):], scale.rescale(k, v), model, params[name],
+                _ours(name[len(prefix):], scale.rescale(k, v), hooks, params[name],
                       f"{where} optimizer state ({k}) of"), params[name],
                 f"{where} optimizer state '{name}.{k}'")) if isinstance(v, torch.Tensor) else v
                 for k, v in saved.items()}

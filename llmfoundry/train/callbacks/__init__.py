@@ -2,14 +2,9 @@
 ``settings`` holds their config sections; each callback's own module (which needs torch) is imported only when a
 run builds it."""
 
-import importlib
+from llmfoundry.registry import lazy_attributes
 
 __all__ = ["Callback"]
-
-
-def __getattr__(attribute: str):
-    """``from llmfoundry.train.callbacks import Callback`` (what plugins write) still works; the base module (torch) is
-    imported only then, so importing the package, as the catalog does, stays light."""
-    if attribute == "Callback":
-        return importlib.import_module("llmfoundry.train.callbacks.base").Callback
-    raise AttributeError(f"module {__name__!r} has no attribute {attribute!r}")
+# plugins write `from llmfoundry.train.callbacks import Callback`:
+# the base module (torch) is imported only then; importing the package, as the catalog does, stays light
+__getattr__ = lazy_attributes(__name__, {"Callback": "llmfoundry.train.callbacks.base:Callback"})
