@@ -94,6 +94,23 @@ def test_train_never_probes_a_model_with_getattr_or_hasattr():
     assert not probes, f"declare it in models.interface.ModelHooks instead: {probes}"
 
 
+def test_train_imports_nothing_of_mpt_its_plans_come_from_the_model():
+    """MPT's tensor- and expert-parallel plans live in models/mpt/ and reach train/ through ModelHooks."""
+    found = [f"{path.relative_to(PACKAGE.parent)}: {name}" for path in sorted((PACKAGE / "train").rglob("*.py"))
+             for name in _imported_modules(ast.parse(path.read_text())) if name.startswith("llmfoundry.models.mpt")]
+    assert not found, found
+
+
+def _imported_modules(tree: ast.AST) -> list[str]:
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.append(node.module)
+    return names
+
+
 def test_the_probe_finder_sees_a_probe():
     code = "def f(trainer, model):\n    getattr(model, 'arch', None)\n    hasattr(trainer.model, 'x')\n    getattr(cfg, 'y')\n"
     assert [p.split(":")[0] for p in _model_probes(ast.parse(code))] == ["line 2", "line 3"]

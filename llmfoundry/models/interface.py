@@ -9,7 +9,8 @@ Two members are optional: ``is_encoder_decoder = True`` marks a model whose forw
 ``decoder_input_ids``/``decoder_attention_mask`` and whose logits are scored against ``labels`` without a shift
 (``hf_t5``); ``label_offset`` reads it, so decoder-only plugin models need not declare it. ``model_hooks()``
 returns the model's :class:`ModelHooks`: what initialisation, parallelism and checkpoints need beyond the
-protocol (how to initialise a meta model, where pretrained weights come from, what to recompute in backward, ...).
+protocol (how to initialise a meta model, where pretrained weights come from, what to recompute in backward, how
+its blocks and experts split over ranks, ...).
 train/ reads them through :func:`hooks_of` and never probes a model's attributes itself.
 """
 
@@ -49,6 +50,38 @@ class CausalLM(Protocol):
         ...
 
 
+class TensorParallelPlan(Protocol):
+    """How a model's blocks split over the ranks of a tensor-parallel group (``tp_config``). The trainer builds
+    the (dp, tp) mesh and checks the layout against the world size; the plan knows the model's layers."""
+
+    def check(self, degree: int, strategy: str) -> None:
+        """Raise a one-line ConfigError for what this plan cannot split exactly (``tp_config.strategy``)."""
+        ...
+
+    def prepare_model(self, model: nn.Module, degree: int, strategy: str) -> None:
+        """Whatever the whole model needs before its blocks are split (e.g. inputs padded to the degree)."""
+        ...
+
+    def parallelize_block(self, block: nn.Module, mesh: Any, strategy: str) -> None:
+        """Split one whole (materialised) block over ``mesh`` (the tp dimension) in place."""
+        ...
+
+
+class ExpertParallelPlan(Protocol):
+    """How a mixture-of-experts model splits its experts over an expert-parallel group (``moe_world_size``)."""
+
+    #: ranks that share one set of experts (1: no expert parallelism)
+    degree: int
+
+    def parallelize_block(self, block: nn.Module, mesh: Any) -> None:
+        """Split the experts of one whole block over ``mesh`` (the ep dimension) and route rows to them."""
+        ...
+
+    def expert_modules(self, block: nn.Module) -> list[nn.Module]:
+        """The modules holding a block's experts, which FSDP2 shards over the expert-data-parallel dimension."""
+        ...
+
+
 @dataclass(frozen=True)
 class ModelHooks:
     """What a model declares for initialisation, parallelism and checkpoints (``model_hooks()``); every field is
@@ -66,8 +99,12 @@ class ModelHooks:
     saves_adapters_only: bool = False
     #: the output head shares the token embedding's weight (Composer's checkpoints then have no lm_head.weight)
     tie_word_embeddings: bool = False
-    #: MPT's validated architecture (models/mpt/arch.MPTArch): the tensor- and expert-parallel plans read it
-    arch: Any = None
+    #: how the blocks split under ``tp_config`` (None: the model has no tensor-parallel plan)
+    tensor_parallel: TensorParallelPlan | None = None
+    #: how the experts split under ``moe_world_size`` (None: the model has no experts)
+    expert_parallel: ExpertParallelPlan | None = None
+    #: MoE models: the ffn_type whose expert matrices llm-foundry's (Composer's) checkpoints lay out their own way
+    moe_ffn_type: str | None = None
     #: MoE models: tokens routed to each expert of each layer since the last reset, as a (layers, experts) tensor
     tokens_per_expert: Callable[[], torch.Tensor | None] | None = None
     #: MoE models: start counting tokens per expert anew

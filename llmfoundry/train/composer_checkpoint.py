@@ -287,9 +287,8 @@ def _our_prefix(ours: dict[str, Any], theirs: dict[str, Any]) -> str:
 
 def _ours(name: str, value: torch.Tensor, hooks: ModelHooks, current: Any, what: str) -> torch.Tensor:
     """A weight (or optimizer state of its shape) of Composer's model in our layout: MoE expert matrices differ (the
-    ffn_type of our MPT says how llm-foundry laid them out; other models have no arch)."""
-    ffn_type = None if hooks.arch is None else hooks.arch.ffn_config.ffn_type
-    return expert_weight_from_llm_foundry(name, value, ffn_type, current.shape, what)
+    MoE ffn_type the model declares says how llm-foundry laid them out)."""
+    return expert_weight_from_llm_foundry(name, value, hooks.moe_ffn_type, current.shape, what)
 
 
 def _like(value: torch.Tensor, current: Any, what: str) -> Any:

@@ -65,7 +65,7 @@ from llmfoundry.core.notices import notice_once
 from llmfoundry.core.precision import DTYPES, low_dtype
 from llmfoundry.models.interface import hooks_of
 from llmfoundry.models.pretrained_weights import PretrainedWeights
-from llmfoundry.train import expert_parallel, tensor_parallel
+from llmfoundry.train import layouts
 from llmfoundry.train.settings import CompileConfig, FSDPConfig, TPConfig
 
 log = logging.getLogger(__name__)
@@ -141,13 +141,14 @@ def device_mesh(cfg: FSDPConfig, device: torch.device, world_size: int):
 
 
 def apply_fsdp(model: nn.Module, cfg: FSDPConfig, precision: str, device: torch.device, world_size: int,
-               seed: int = 0, mesh=None, experts_mesh=None,
+               seed: int = 0, mesh=None, experts_mesh=None, expert_modules: Callable[[nn.Module], list] = lambda b: [],
                prepare_block: Callable[[nn.Module], None] | None = None) -> nn.Module:
     """fully_shard each block, then the root. A meta-device model whose class has a per-module initialiser
     (``_init_weights``) is materialised one block at a time just before that block is sharded, so a rank never
     holds more than its shards plus one full block; other meta models are initialised after sharding.
     ``mesh``: the data-parallel mesh (with tensor parallelism: the dp dimension); default from ``cfg``.
-    ``experts_mesh``: with expert parallelism, the (edp, ep) mesh; each block's experts are sharded over edp first.
+    ``experts_mesh``: with expert parallelism, the (edp, ep) mesh; each block's ``expert_modules(block)`` are
+    sharded over edp first.
     ``prepare_block``: called on each block (materialised, not yet sharded) first: tensor or expert parallelism
     of that block, so that it too sees one whole block at a time."""
     reshard = cfg.sharding_strategy in ("FULL_SHARD", "HYBRID_SHARD")
@@ -161,9 +162,9 @@ def apply_fsdp(model: nn.Module, cfg: FSDPConfig, precision: str, device: torch.
     def shard(i: int, block: nn.Module) -> None:
         if prepare_block is not None:
             prepare_block(block)
-        if experts_mesh is not None:
-            expert_parallel.shard_experts(block, experts_mesh, mp_policy=kwargs["mp_policy"],
-                                          offload_policy=kwargs["offload_policy"])
+        for experts in expert_modules(block):  # before the block: over edp only
+            fully_shard(experts, mesh=experts_mesh["edp"], mp_policy=kwargs["mp_policy"],
+                        offload_policy=kwargs["offload_policy"])
         if cfg.auto_wrap:  # the last block's parameters are needed right away by backward: keep them gathered
             fully_shard(block, reshard_after_forward=reshard and i < len(blocks) - 1, **kwargs)
 
@@ -314,11 +315,10 @@ def parallelize(model: nn.Module, *, fsdp: FSDPConfig | None, compile_cfg: Compi
     """
     blocks = model.blocks()
     tp = tp if tp is not None and tp.tensor_parallel_degree > 1 else None
-    if tp is not None:
-        tensor_parallel.check_tensor_parallel(model, tp, fsdp, world_size)
-    ep = expert_parallel.expert_parallel_degree(model) if expert_parallel_ok else 1
-    if ep > 1:
-        expert_parallel.check_expert_parallel(ep, fsdp, world_size, tp is not None)
+    tp_plan = layouts.check_tensor_parallel(model, tp, fsdp, world_size) if tp is not None else None
+    ep_plan = layouts.expert_parallel_plan(model) if expert_parallel_ok else None
+    if ep_plan is not None:
+        layouts.check_expert_parallel(ep_plan.degree, fsdp, world_size, tp is not None)
     if fsdp is not None:
         fsdp1_notices(fsdp)
     if fsdp is not None and fsdp.cpu_offload and device.type != "cuda":
@@ -337,10 +337,10 @@ def parallelize(model: nn.Module, *, fsdp: FSDPConfig | None, compile_cfg: Compi
     meta = is_meta(model)
     # TP and EP split each block as it is materialised (apply_fsdp's prepare_block), then FSDP2 shards it: a rank
     # holds its shards plus one whole block, never the whole model (which a meta model is there to avoid)
-    if tp is not None:  # TP first (on a whole block), then FSDP2 over the data-parallel dimension
-        mesh = tensor_parallel.tp_mesh(device.type, tp, world_size)
-        tensor_parallel.pad_sequences(model, tp)
-        prepare = functools.partial(tensor_parallel.parallelize_block, tp=tp, mesh=mesh["tp"])
+    if tp_plan is not None:  # TP first (on a whole block), then FSDP2 over the data-parallel dimension
+        mesh = layouts.tp_mesh(device.type, tp, world_size)
+        tp_plan.prepare_model(model, tp.tensor_parallel_degree, tp.strategy)
+        prepare = functools.partial(tp_plan.parallelize_block, mesh=mesh["tp"], strategy=tp.strategy)
         if fsdp is not None:
             apply_fsdp(model, fsdp, precision, device, world_size, seed, mesh=mesh["dp"], prepare_block=prepare)
         else:  # one TP group, no data parallelism: the same walk without FSDP2
@@ -350,10 +350,11 @@ def parallelize(model: nn.Module, *, fsdp: FSDPConfig | None, compile_cfg: Compi
                 files.fill(model)
         wrapped = model
         meta = is_meta(model)
-    elif ep > 1:  # experts split over ep ranks (on a whole block), then FSDP2: experts over edp, the rest over all
-        mesh = expert_parallel.ep_mesh(device.type, ep, world_size)
-        prepare = functools.partial(expert_parallel.apply_expert_parallel, mesh=mesh["ep"])
-        apply_fsdp(model, fsdp, precision, device, world_size, seed, experts_mesh=mesh, prepare_block=prepare)
+    elif ep_plan is not None:  # experts split over ep ranks (on a whole block), then FSDP2: experts over edp, the
+        mesh = layouts.ep_mesh(device.type, ep_plan.degree, world_size)  # rest over all ranks
+        prepare = functools.partial(ep_plan.parallelize_block, mesh=mesh["ep"])
+        apply_fsdp(model, fsdp, precision, device, world_size, seed, experts_mesh=mesh,
+                   expert_modules=ep_plan.expert_modules, prepare_block=prepare)
         wrapped = model
         meta = is_meta(model)
     elif fsdp is not None and world_size > 1:

@@ -127,7 +127,7 @@ class CheckpointUploadConfig:
 @dataclass(kw_only=True)
 class TPConfig:
     """``tp_config``: tensor parallelism of the MPT blocks (torch.distributed.tensor.parallel, see
-    train/tensor_parallel.py). The ranks of one TP group train on the same microbatch; data parallelism (FSDP2,
+    models/mpt/tensor_parallel.py). The ranks of one TP group train on the same microbatch; data parallelism (FSDP2,
     ``fsdp_config``) runs across the groups on a 2-D (dp, tp) mesh, dp = world size / tensor_parallel_degree."""
 
     strategy: Literal["ffn", "block"] = option(

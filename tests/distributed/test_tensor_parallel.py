@@ -38,7 +38,7 @@ def mpt(strategy: str = "block", **changes):
 def test_what_tp_cannot_split_is_a_one_line_config_error(degree, world, model, message):
     from llmfoundry.core.errors import ConfigError
     from llmfoundry.train.settings import TPConfig
-    from llmfoundry.train.tensor_parallel import check_tensor_parallel
+    from llmfoundry.train.layouts import check_tensor_parallel
 
     with pytest.raises(ConfigError, match=re.escape(message)) as error:
         check_tensor_parallel(model(), TPConfig(strategy="block", tensor_parallel_degree=degree), None, world)
@@ -50,10 +50,10 @@ def test_tp_config_of_a_model_other_than_mpt_is_refused():
 
     from llmfoundry.core.errors import ConfigError
     from llmfoundry.train.settings import TPConfig
-    from llmfoundry.train.tensor_parallel import check_tensor_parallel
+    from llmfoundry.train.layouts import check_tensor_parallel
 
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64, n_positions=16))
-    with pytest.raises(ConfigError, match="plan for MPT models only, not GPT2LMHeadModel"):
+    with pytest.raises(ConfigError, match="GPT2LMHeadModel declares no tensor-parallel plan"):
         check_tensor_parallel(gpt2, TPConfig(tensor_parallel_degree=2), None, 2)
 
 
@@ -79,8 +79,7 @@ def test_block_tp_pads_any_length_to_the_degree_without_changing_outputs(learned
     the unpadded logits, with a padding mask, packed documents, and a KV cache that holds only real positions."""
     import torch
 
-    from llmfoundry.train.settings import TPConfig
-    from llmfoundry.train.tensor_parallel import pad_sequences
+    from llmfoundry.models.interface import hooks_of
 
     rope = {"rope": True, "alibi": False} if not learned_pos_emb else {}
     longest = 16
@@ -90,7 +89,7 @@ def test_block_tp_pads_any_length_to_the_degree_without_changing_outputs(learned
     plain = mpt(**changes).eval()
     padded = mpt(**changes).eval()
     padded.load_state_dict(plain.state_dict())
-    pad_sequences(padded, TPConfig(strategy="block", tensor_parallel_degree=4))
+    hooks_of(padded).tensor_parallel.prepare_model(padded, degree=4, strategy="block")
     ids = torch.randint(1, VOCAB, (2, 7), generator=torch.Generator().manual_seed(1))
     mask = torch.ones(2, 7, dtype=torch.long)
     mask[1, :2] = 0  # left padding

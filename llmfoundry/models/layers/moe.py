@@ -115,7 +115,7 @@ class ExpertMLP(nn.Module):
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:  # x: (M, d) grouped by expert
         dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
         x = x.to(dtype)  # autocast does not cover _grouped_mm: cast as F.linear would
-        # _local: under expert parallelism (train/expert_parallel.py) the weights are split by expert across ranks
+        # _local: under expert parallelism (models/mpt/expert_parallel.py) the weights are split by expert across ranks
         # and x holds the rows of this rank's experts; counts then has one entry per local expert
         h = self.act(grouped_matmul(x, _local(self.w1).to(dtype).transpose(1, 2), counts, self.grouped))  # (M, h)
         if self.glu:

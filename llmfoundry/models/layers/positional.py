@@ -138,3 +138,14 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fp32_math:
         return x * cos + rotate_half(x) * sin
     xf = x.float()
     return (xf * cos.float() + rotate_half(xf) * sin.float()).to(x.dtype)
+
+
+def token_positions(B: int, T: int, past: int, attention_mask, device) -> torch.Tensor:
+    """(B, T) position of each new token, as llm-foundry computes it: its index in the row, less the padding
+    before it (so left padding does not shift positions). Packed documents (sequence_id) are *not* restarted at
+    0: llm-foundry's learned position embeddings see a packed document at its offset in the row (RoPE and ALiBi
+    depend only on distances, so for them this makes no difference)."""
+    if attention_mask is not None and not bool(attention_mask.all()):
+        positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, S)
+        return positions[:, -T:]
+    return torch.arange(past, past + T, device=device).expand(B, T)

@@ -28,12 +28,14 @@ from llmfoundry.models.layers.init import init_module
 from llmfoundry.models.layers.moe import active_share, build_moe, init_experts, load_balancing_loss
 from llmfoundry.models.layers.moe_keys import is_moe, loss_weight
 from llmfoundry.models.layers.norm import build_norm
-from llmfoundry.models.layers.positional import RotaryEmbedding, alibi_slopes
+from llmfoundry.models.layers.positional import RotaryEmbedding, alibi_slopes, token_positions
 from llmfoundry.models.loss import causal_lm_loss
 from llmfoundry.models.interface import ModelHooks
 from llmfoundry.models.mpt.arch import MPTArch
 from llmfoundry.models.mpt.block_overrides import layer_attn_overrides
 from llmfoundry.models.mpt.config import MPTConfig, resolve_attn_impl
+from llmfoundry.models.mpt.expert_parallel import MPTExpertParallel
+from llmfoundry.models.mpt.tensor_parallel import MPTTensorParallel
 
 
 class MPTBlock(nn.Module):
@@ -126,17 +128,6 @@ class MPTModel(nn.Module):
         return self.norm_f(x)
 
 
-def token_positions(B: int, T: int, past: int, attention_mask, device) -> torch.Tensor:
-    """(B, T) position of each new token, as llm-foundry computes it: its index in the row, less the padding
-    before it (so left padding does not shift positions). Packed documents (sequence_id) are *not* restarted at
-    0: llm-foundry's learned position embeddings see a packed document at its offset in the row (RoPE and ALiBi
-    depend only on distances, so for them this makes no difference)."""
-    if attention_mask is not None and not bool(attention_mask.all()):
-        positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, S)
-        return positions[:, -T:]
-    return torch.arange(past, past + T, device=device).expand(B, T)
-
-
 class MPTPreTrainedModel(PreTrainedModel):
     config_class = MPTConfig
     base_model_prefix = "transformer"
@@ -179,7 +170,10 @@ class MPTForCausalLM(MPTPreTrainedModel, GenerationMixin):
             init_parameters=self.init_parameters, init_module=self._init_weights,
             pretrained_weights=self.pretrained_weights,
             checkpoint_targets=[m for m in marked if m._activation_checkpointing] if marked else None,
-            tie_word_embeddings=self.arch.tie_word_embeddings, arch=self.arch,
+            tie_word_embeddings=self.arch.tie_word_embeddings,
+            tensor_parallel=MPTTensorParallel(self.arch),
+            expert_parallel=MPTExpertParallel(int(self.arch.ffn_config.moe_world_size or 1)) if moe else None,
+            moe_ffn_type=self.arch.ffn_config.ffn_type if moe else None,
             tokens_per_expert=(lambda: self.tokens_per_expert) if moe else None,
             reset_tokens_per_expert=(lambda: setattr(self, "tokens_per_expert", None)) if moe else None)
 

@@ -1,9 +1,10 @@
-"""Expert parallelism (``model.ffn_config.moe_world_size``) of the MPT mixture-of-experts FFNs.
+"""MPT's expert-parallel plan (``model.ffn_config.moe_world_size``) for its mixture-of-experts FFNs:
+``MPTExpertParallel``, which the model declares in its hooks (models/interface.ExpertParallelPlan).
 
-The ranks are laid out on a 2-D ``(edp, ep)`` mesh: ``ep = moe_world_size`` consecutive ranks share one set of
-experts, each keeping ``experts / ep`` of them whole (the stacked ``w1``/``v1``/``w2`` become DTensors sharded
-along the expert dimension); ``edp = world / ep`` groups hold copies, which FSDP2 shards over the ``edp``
-dimension (the composition TP + FSDP2 uses). Every rank still trains on its own samples.
+The trainer lays the ranks out on a 2-D ``(edp, ep)`` mesh (train/layouts.py): ``ep = moe_world_size`` consecutive
+ranks share one set of experts, each keeping ``experts / ep`` of them whole (the stacked ``w1``/``v1``/``w2``
+become DTensors sharded along the expert dimension); ``edp = world / ep`` groups hold copies, which FSDP2 shards
+over the ``edp`` dimension (the composition TP + FSDP2 uses). Every rank still trains on its own samples.
 
 In each MoE layer the rows that the router sent to another rank's experts travel there and back by all-to-all
 (hooks around ``ExpertMLP``, so the model code stays the same on one rank):
@@ -27,61 +28,36 @@ import torch
 from torch import nn
 from torch.distributed import all_to_all_single as all_to_all_counts
 from torch.distributed._functional_collectives import all_to_all_single_autograd
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
-from llmfoundry.core.errors import ConfigError
-from llmfoundry.models.interface import hooks_of
 from llmfoundry.models.layers.moe import DroplessMoE, ExpertMLP
 
 
-def expert_parallel_degree(model: nn.Module) -> int:
-    """``moe_world_size`` of an MPT with MoE FFNs (1 otherwise)."""
-    arch = hooks_of(model).arch
-    if arch is None or not any(isinstance(m, DroplessMoE) for m in model.modules()):
-        return 1
-    return int(arch.ffn_config.moe_world_size or 1)
+class MPTExpertParallel:
+    """Experts split over ``degree`` ranks (``moe_world_size``), rows routed to them by all-to-all."""
 
+    def __init__(self, degree: int):
+        self.degree = degree
 
-def check_expert_parallel(degree: int, fsdp, world_size: int, tensor_parallel: bool) -> None:
-    """One-line ConfigErrors for layouts this code does not run."""
-    key = "model.ffn_config.moe_world_size"
-    if world_size % degree:
-        raise ConfigError(f"{key}: {degree} does not divide the world size {world_size} (use a divisor of it)")
-    if fsdp is None:
-        raise ConfigError(f"{key}: expert parallelism needs fsdp_config (FSDP2 shards the experts across the "
-                          f"expert-parallel groups; DDP does not take sharded parameters)")
-    if tensor_parallel:
-        raise ConfigError(f"{key}: expert parallelism together with tp_config is not supported (set one of them)")
+    def parallelize_block(self, block: nn.Module, mesh: DeviceMesh) -> None:
+        """Split each MoE layer's experts over ``mesh`` (the ep dimension) and route rows to them by all-to-all.
+        ``block``: one block, or a whole model (the trainer calls it on each block of a meta model as soon as that
+        block is materialised, so that no rank ever holds all the experts of every layer)."""
+        for module in block.modules():
+            if not isinstance(module, ExpertMLP):
+                continue
+            for name, param in list(module.named_parameters(recurse=False)):
+                sharded = distribute_tensor(param.detach(), mesh, [Shard(0)])
+                module.register_parameter(name, nn.Parameter(sharded, requires_grad=param.requires_grad))
+            route = _Routing(mesh.get_group(), module.num_experts)
+            module.register_forward_pre_hook(route.dispatch)
+            module.register_forward_hook(route.combine)
 
-
-def ep_mesh(device_type: str, degree: int, world_size: int) -> DeviceMesh:
-    """The 2-D (edp, ep) mesh: expert-parallel groups of consecutive ranks."""
-    return init_device_mesh(device_type, (world_size // degree, degree), mesh_dim_names=("edp", "ep"))
-
-
-def apply_expert_parallel(model: nn.Module, mesh: DeviceMesh) -> None:
-    """Split each MoE layer's experts over ``mesh`` (the ep dimension) and route rows to them by all-to-all.
-    ``model``: a whole model, or one block (parallel.py calls it on each block of a meta model as soon as that block
-    is materialised, so that no rank ever holds all the experts of every layer)."""
-    for module in model.modules():
-        if not isinstance(module, ExpertMLP):
-            continue
-        for name, param in list(module.named_parameters(recurse=False)):
-            sharded = distribute_tensor(param.detach(), mesh, [Shard(0)])
-            module.register_parameter(name, nn.Parameter(sharded, requires_grad=param.requires_grad))
-        route = _Routing(mesh.get_group(), module.num_experts)
-        module.register_forward_pre_hook(route.dispatch)
-        module.register_forward_hook(route.combine)
-
-
-def shard_experts(block: nn.Module, mesh: DeviceMesh, **fsdp_kwargs) -> None:
-    """FSDP2 over the edp dimension for the experts of ``block`` (before the block itself is sharded)."""
-    for module in block.modules():
-        if isinstance(module, DroplessMoE):
-            experts = module.experts.mlp  # (the output bias stays with the block: one copy, averaged as usual)
-            fully_shard(experts, mesh=mesh["edp"], **fsdp_kwargs)
+    def expert_modules(self, block: nn.Module) -> list[nn.Module]:
+        """The stacked expert matrices of each MoE layer of ``block`` (the output bias stays with the block: one copy,
+        averaged as usual)."""
+        return [module.experts.mlp for module in block.modules() if isinstance(module, DroplessMoE)]
 
 
 class _Routing:

@@ -1,12 +1,11 @@
-"""Tensor parallelism (``tp_config``) of the MPT blocks with ``torch.distributed.tensor.parallel``.
+"""MPT's tensor-parallel plan (``tp_config``, with ``torch.distributed.tensor.parallel``): ``MPTTensorParallel``,
+which the model declares in its hooks (models/interface.TensorParallelPlan).
 
-The ranks are laid out on a 2-D ``(dp, tp)`` mesh, ``tp = tensor_parallel_degree`` consecutive ranks per TP group
-(one node's fast links), ``dp = world / tp`` groups. The ranks of one TP group compute on the SAME microbatch:
-the data loaders deal batches by data-parallel rank (the trainer's ``core.dist.DataShare``, which it hands to
-the loaders and the ICL evaluator), and the global batch splits across ``dp`` ranks, not ``world``. (llm-foundry's
-``ffn`` plan instead feeds each TP rank its own samples and gathers them along the batch dimension before the
-FFN; replicated inputs give the same sums without the gather, and are what attention needs.) TP is applied first, then FSDP2 shards over the ``dp`` dimension (torchtitan's
-order), so a block's parameters are 2-D DTensors (Shard(0) on dp; tp: as the plan says).
+The trainer lays the ranks out on a 2-D ``(dp, tp)`` mesh (train/layouts.py) and hands this plan the tp dimension.
+The ranks of one TP group compute on the SAME microbatch (llm-foundry's ``ffn`` plan instead feeds each TP rank its
+own samples and gathers them along the batch dimension before the FFN; replicated inputs give the same sums
+without the gather, and are what attention needs). TP is applied first, then FSDP2 shards over the ``dp``
+dimension (torchtitan's order), so a block's parameters are 2-D DTensors (Shard(0) on dp; tp: as the plan says).
 
 Strategies (of each block; embeddings, the final norm and the output head stay replicated on every TP rank):
 
@@ -26,10 +25,8 @@ sequence-parallel parts must be equal on every rank.
 columns and rank 1 the k|v ones; re-ordering its rows per rank would make the checkpoint's Wqkv depend on the TP
 degree. Neither ALiBi nor qk_ln (a norm over all heads) is split yet: refused with ``block``. MoE FFNs: refused.
 
-Every collective used (all-reduce, all-gather, reduce-scatter of DTensor redistribution, FSDP2's) exists in gloo,
-so CPU runs are exact tests of the same code. Gradients then live on several meshes (blocks: (dp, tp); the rest:
-dp under FSDP2, plain tensors without it), which torch's ``get_total_norm`` / ``clip_grads_with_norm_`` refuse
-in one foreach call: gradient clipping (train/algorithms.py) works per mesh.
+Every collective used (all-reduce, all-gather, reduce-scatter of DTensor redistribution) exists in gloo, so CPU
+runs are exact tests of the same code.
 
 Dropout: the trainer must seed the ranks of a TP group alike (the replicated parts must draw the same masks); the
 sharded parts (attention heads, out_proj / down_proj outputs split along the sequence) then draw masks of the same
@@ -42,7 +39,7 @@ import inspect
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
@@ -54,50 +51,61 @@ from torch.distributed.tensor.parallel import (
 )
 
 from llmfoundry.core.errors import ConfigError
-from llmfoundry.models.interface import hooks_of
 from llmfoundry.models.layers.ffn import MPTGLU
-from llmfoundry.models.mpt.model import token_positions
-from llmfoundry.train.settings import FSDPConfig, TPConfig
-
-# Sharding strategies of fsdp_config that FSDP2 applies over one (dp) mesh dimension next to TP
-FSDP_WITH_TP = ("FULL_SHARD", "SHARD_GRAD_OP")
+from llmfoundry.models.layers.positional import token_positions
+from llmfoundry.models.mpt.arch import MPTArch
 
 
-def check_tensor_parallel(model: nn.Module, tp: TPConfig, fsdp: FSDPConfig | None, world_size: int) -> None:
-    """One-line ConfigErrors for what this plan cannot split exactly."""
-    degree = tp.tensor_parallel_degree
-    if world_size % degree:
-        raise ConfigError(f"tp_config.tensor_parallel_degree: {degree} does not divide the world size {world_size} "
-                          f"(use a divisor of it)")
-    arch = hooks_of(model).arch
-    if arch is None:
-        raise ConfigError(f"tp_config: tensor parallelism has a plan for MPT models only, not {type(model).__name__} "
-                          "(remove tp_config, or use model.name: mpt_causal_lm)")
-    f, a = arch.ffn_config, arch.attn_config
-    if f.ffn_type not in ("mptmlp", "mptglu"):
-        raise ConfigError(f"tp_config: ffn_config.ffn_type: {f.ffn_type} (mixture of experts) has no tensor-parallel "
-                          "plan yet (remove tp_config)")
-    if arch.ffn_hidden % degree:
-        raise ConfigError(f"tp_config.tensor_parallel_degree: {degree} does not divide the FFN width "
-                          f"{arch.ffn_hidden}")
-    if world_size // degree > 1 and fsdp is None:
-        raise ConfigError(f"tp_config: {world_size // degree} data-parallel groups need fsdp_config (FSDP2 across "
-                          f"TP groups; DDP does not take tensor-parallel parameters)")
-    if fsdp is not None and world_size // degree > 1 and fsdp.sharding_strategy not in FSDP_WITH_TP:
-        raise ConfigError(f"tp_config: fsdp_config.sharding_strategy: {fsdp.sharding_strategy} with tensor "
-                          f"parallelism is not supported (use {' or '.join(FSDP_WITH_TP)})")
-    if tp.strategy != "block":
-        return
-    if a.fused_qkv:
-        raise ConfigError("tp_config.strategy: block splits q/k/v by head; set model.attn_config.fused_qkv: false "
-                          "(a column split of the fused Wqkv would mix q, k and v across ranks)")
-    for name, heads in (("n_heads", arch.n_heads), ("kv heads", arch.kv_heads)):
-        if heads % degree:
-            raise ConfigError(f"tp_config.tensor_parallel_degree: {degree} does not divide the model's {name} "
-                              f"({heads}); use a divisor of it, or strategy: ffn")
-    if a.alibi or a.qk_ln:
-        raise ConfigError("tp_config.strategy: block does not split ALiBi biases or qk_ln (a norm over all heads) "
-                          "yet; use strategy: ffn")
+class MPTTensorParallel:
+    """The ``ffn`` and ``block`` strategies above, for a model of architecture ``arch``."""
+
+    def __init__(self, arch: MPTArch):
+        self.arch = arch
+
+    def check(self, degree: int, strategy: str) -> None:
+        """One-line ConfigErrors for what this plan cannot split exactly."""
+        arch = self.arch
+        f, a = arch.ffn_config, arch.attn_config
+        if f.ffn_type not in ("mptmlp", "mptglu"):
+            raise ConfigError(f"tp_config: ffn_config.ffn_type: {f.ffn_type} (mixture of experts) has no "
+                              "tensor-parallel plan yet (remove tp_config)")
+        if arch.ffn_hidden % degree:
+            raise ConfigError(f"tp_config.tensor_parallel_degree: {degree} does not divide the FFN width "
+                              f"{arch.ffn_hidden}")
+        if strategy != "block":
+            return
+        if a.fused_qkv:
+            raise ConfigError("tp_config.strategy: block splits q/k/v by head; set model.attn_config.fused_qkv: "
+                              "false (a column split of the fused Wqkv would mix q, k and v across ranks)")
+        for name, heads in (("n_heads", arch.n_heads), ("kv heads", arch.kv_heads)):
+            if heads % degree:
+                raise ConfigError(f"tp_config.tensor_parallel_degree: {degree} does not divide the model's {name} "
+                                  f"({heads}); use a divisor of it, or strategy: ffn")
+        if a.alibi or a.qk_ln:
+            raise ConfigError("tp_config.strategy: block does not split ALiBi biases or qk_ln (a norm over all "
+                              "heads) yet; use strategy: ffn")
+
+    def prepare_model(self, model: nn.Module, degree: int, strategy: str) -> None:
+        """With ``block``: the model's inputs padded to a multiple of the degree (see _PadSequence)."""
+        if strategy != "block":
+            return
+        padding = _PadSequence(degree)
+        model.transformer.register_forward_pre_hook(padding.pad, with_kwargs=True)
+        model.transformer.register_forward_hook(padding.cut, with_kwargs=True)
+
+    def parallelize_block(self, block: nn.Module, mesh: DeviceMesh, strategy: str) -> None:
+        """Shard one block's projections over ``mesh`` in place (the trainer calls it on each block of a meta model
+        as soon as that block is materialised, so that no rank ever holds the whole model)."""
+        if strategy == "ffn":
+            parallelize_module(block, mesh, ffn_plan(block.ffn))
+            return
+        # The residual stream enters replicated; each rank keeps its T / tp positions (a slice, no communication)
+        # and the block's output is all-gathered back, so everything outside the blocks is unchanged.
+        parallelize_module(block, mesh, PrepareModuleInputOutput(
+            input_layouts=(Replicate(), None, None, None), desired_input_layouts=(Shard(1), None, None, None),
+            output_layouts=Shard(1), desired_output_layouts=Replicate(), use_local_input=True,
+            use_local_output=True))
+        parallelize_module(block, mesh, block_plan(block))
 
 
 class _PadSequence:
@@ -147,21 +155,6 @@ class _PadSequence:
         return output[:, :length]
 
 
-def pad_sequences(model: nn.Module, tp: TPConfig) -> None:
-    """With strategy ``block``: the MPT's inputs padded to a multiple of the degree (see _PadSequence)."""
-    if tp.strategy != "block":
-        return
-    padding = _PadSequence(tp.tensor_parallel_degree)
-    model.transformer.register_forward_pre_hook(padding.pad, with_kwargs=True)
-    model.transformer.register_forward_hook(padding.cut, with_kwargs=True)
-
-
-def tp_mesh(device_type: str, tp: TPConfig, world_size: int) -> DeviceMesh:
-    """The 2-D (dp, tp) mesh: TP groups of consecutive ranks."""
-    degree = tp.tensor_parallel_degree
-    return init_device_mesh(device_type, (world_size // degree, degree), mesh_dim_names=("dp", "tp"))
-
-
 def ffn_plan(ffn: nn.Module, prefix: str = "ffn.", output=None) -> dict:
     """Column-parallel up (and gate) projection, row-parallel down projection: one all-reduce (or reduce-scatter
     along the sequence, ``output=Shard(1)``) of the FFN output."""
@@ -174,7 +167,7 @@ def ffn_plan(ffn: nn.Module, prefix: str = "ffn.", output=None) -> dict:
 
 def block_plan(block: nn.Module) -> dict:
     """Attention by heads, FFN by columns, norms along the sequence (the block's input arrives replicated and is
-    split along T by the block's own input hook; see apply_tensor_parallel)."""
+    split along T by the block's own input hook; see MPTTensorParallel.parallelize_block)."""
     seq, rep = Shard(1), Replicate()
     plan = {
         "norm_1": SequenceParallel(),
@@ -190,23 +183,3 @@ def block_plan(block: nn.Module) -> dict:
     }
     plan.update(ffn_plan(block.ffn, output=seq))
     return plan
-
-
-def apply_tensor_parallel(model: nn.Module, tp: TPConfig, mesh: DeviceMesh) -> None:
-    """Shard each block's projections over ``mesh`` (the TP dimension) in place."""
-    for block in model.blocks():
-        parallelize_block(block, tp, mesh)
-
-
-def parallelize_block(block: nn.Module, tp: TPConfig, mesh: DeviceMesh) -> None:
-    """Shard one block's projections over ``mesh`` in place (parallel.py calls it on each block of a meta model as
-    soon as that block is materialised, so that no rank ever holds the whole model)."""
-    if tp.strategy == "ffn":
-        parallelize_module(block, mesh, ffn_plan(block.ffn))
-        return
-    # The residual stream enters replicated; each rank keeps its T / tp positions (a slice, no communication)
-    # and the block's output is all-gathered back, so everything outside the blocks is unchanged.
-    parallelize_module(block, mesh, PrepareModuleInputOutput(
-        input_layouts=(Replicate(), None, None, None), desired_input_layouts=(Shard(1), None, None, None),
-        output_layouts=Shard(1), desired_output_layouts=Replicate(), use_local_input=True, use_local_output=True))
-    parallelize_module(block, mesh, block_plan(block))
