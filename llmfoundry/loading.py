@@ -36,6 +36,7 @@ from llmfoundry.train.builders import build_model
 from llmfoundry.train.builders import build_tokenizer as build_recipe_tokenizer
 from llmfoundry.train.checkpoint import load_checkpoint, read_checkpoint_config, resolve_checkpoint
 from llmfoundry.train.checkpointer import stage_model_path
+from llmfoundry.train.components import weights_of
 from llmfoundry.train.recipe import TrainConfig, validate
 
 
@@ -63,7 +64,7 @@ def load_checkpoint_model(path: str | Path, device: str | torch.device = "cpu"):
     model = build_model(cfg, tokenizer)
     if parallel.is_meta(model):  # trained with init_device: meta: storage for the weights the checkpoint fills in
         parallel.allocate_meta(model, "cpu")
-    load_checkpoint(path, model=model, optimizer=None, weights_only=True)
+    load_checkpoint(path, weights_of(model), weights_only=True)
     return model.to(device).eval(), tokenizer
 
 
@@ -149,7 +150,7 @@ def load_eval_model(spec, device: torch.device | str = "cpu", *, max_seq_len: in
             model = _build(name, settings, tokenizer, key)
             if parallel.is_meta(model):  # init_device: meta: storage for the weights the checkpoint fills in
                 parallel.allocate_meta(model, "cpu")
-            load_checkpoint(folder, model=model, optimizer=None, weights_only=True)
+            load_checkpoint(folder, weights_of(model), weights_only=True)
     else:
         name, settings = model_settings(spec, key, pretrained_path=local)
         source = getattr(settings, "pretrained_model_name_or_path", None)

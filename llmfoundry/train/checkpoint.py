@@ -6,7 +6,8 @@ Layout of a save_folder::
       ep0-ba100/            one complete checkpoint
         .metadata, __*_*.distcp   DCP shards: model and optimizer (resharded on load)
         checksums/rank{r}.json    size and checksum of each file rank r wrote (train.checkpoint_files)
-        rank{r}.pt          small per-rank state: trainer time and scheduler, RNG states, data loader position
+        rank{r}.pt          small state (train.components' shared and per-rank ones): trainer time and scheduler,
+                            RNG states, data loader position, stateful callbacks
         config.yaml         the resolved training config (enough to rebuild the model)
         tokenizer/          the tokenizer, so a checkpoint is self-contained
       latest                the name of the newest complete checkpoint
@@ -19,7 +20,6 @@ go (local or an object store) and when is train.checkpointer's job.
 from __future__ import annotations
 
 import os
-import random
 import re
 import shutil
 import warnings
@@ -27,23 +27,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
 import yaml
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from llmfoundry.core import dist
 from llmfoundry.core.errors import ConfigError, first_line
-from llmfoundry.models.interface import hooks_of
 from llmfoundry.train.checkpoint_files import record_checksums, verify_checkpoint
+from llmfoundry.train.components import Component, restore, select
 from llmfoundry.train.dcp_reading import (
     SafeFileSystemReader,
     SafeLoadPlanner,
@@ -106,37 +99,6 @@ def _write_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _rng_state() -> dict[str, Any]:
-    """Every RNG's state as tensors and plain types, so that ``torch.load(weights_only=True)`` reads it back."""
-    kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
-    state = {"python": random.getstate(), "torch": torch.get_rng_state(),
-             "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                       "has_gauss": int(has_gauss), "cached_gaussian": float(cached_gaussian)}}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    numpy = state["numpy"]
-    np.random.set_state((numpy["kind"], numpy["keys"].numpy().astype(np.uint32), numpy["pos"], numpy["has_gauss"],
-                         numpy["cached_gaussian"]))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
-
-
-def model_state(model: torch.nn.Module) -> dict[str, Any]:
-    """The model state a checkpoint holds: all of it, or only the trained parameters of a LoRA model whose recipe
-    says should_save_peft_only (the frozen base comes from its pretrained folder again on load, as in Composer)."""
-    state = get_model_state_dict(model)
-    if not hooks_of(model).saves_adapters_only:
-        return state
-    trained = {name for name, param in model.named_parameters() if param.requires_grad}
-    return {name: value for name, value in state.items() if name in trained}
-
-
 @dataclass
 class Snapshot:
     """What one checkpoint holds, taken at one step: the DCP state (model, optimizer), this rank's ``rank{r}.pt``
@@ -147,45 +109,43 @@ class Snapshot:
     full: dict[str, Any] | None = None
 
 
-def take_snapshot(
-    *,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer | None,
-    trainer_state: dict[str, Any],
-    loader_state: dict[str, Any] | None,
-    weights_only: bool = False,
-    full_weights: bool = False,
-    ignore: Any = None,
-) -> Snapshot:
+# Where the state of a shared or per-rank component sits in ``rank{r}.pt``: the layout checkpoints have had from the
+# start (time and scheduler under "trainer", the loader's position and the RNG at the top). Any other shared
+# component sits under "trainer" by its name, any other per-rank one at the top.
+TOP_LEVEL = ("dataloader", "rng")
+
+
+def _slot(small: dict[str, Any], name: str, kind: str) -> dict[str, Any]:
+    """The dict of ``small`` (a rank file's contents) that holds component ``name``."""
+    return small if name in TOP_LEVEL or kind == "per_rank" else small.setdefault("trainer", {})
+
+
+def take_snapshot(components: dict[str, Component], *, weights_only: bool = False, full_weights: bool = False,
+                  ignore: Any = None) -> Snapshot:
     """The state to save (collective with full_weights: every rank calls it). Tensors are the live ones, not
     copies: train.async_save copies them to host memory before training changes them."""
-    state: dict[str, Any] = {"model": model_state(model)}
-    skip_optimizer = bool(ignore) and ignore.section("optimizer")
-    if optimizer is not None and not weights_only and not skip_optimizer:
-        state["optimizer"] = get_optimizer_state_dict(model, optimizer)
-    if ignore:
-        state["model"] = {k: v for k, v in state["model"].items() if not ignore.model_key(k)}
-        trainer_state = {k: v for k, v in trainer_state.items() if not ignore.section(k)}
-        loader_state = None if ignore.section("dataloader") else loader_state
-    rng = None if ignore and ignore.section("rng") else _rng_state()
+    chosen = select(components, weights_only=weights_only, ignore=ignore, saving=True)
+    state = {name: c.state.state_dict() for name, c in chosen.items() if c.kind == "sharded"}
+    small: dict[str, Any] = {"trainer": {}, "rng": None, "dataloader": None, "world_size": dist.world_size(),
+                             "weights_only": "optimizer" not in state}
+    for name, component in chosen.items():
+        if component.kind != "sharded":
+            _slot(small, name, component.kind)[name] = component.state.state_dict()
     full = None
     if full_weights:  # a collective: gathered before the writes, which may fail on one rank only
+        model = components["model"].state.model
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    small = {"trainer": trainer_state, "rng": rng, "dataloader": loader_state, "world_size": dist.world_size(),
-             "weights_only": weights_only or optimizer is None or skip_optimizer}
     return Snapshot(state, small, full)
 
 
-def save_checkpoint(folder: str | Path, name: str, *, config: dict[str, Any], tokenizer: Any, overwrite: bool,
-                    keep: int = -1, publish: bool = True, **state: Any) -> Path:
-    """Write one checkpoint (collective: every rank calls it) and point ``latest`` at it; returns its path.
-
-    ``state``: :func:`take_snapshot`'s arguments: model, optimizer, trainer_state, loader_state; ``weights_only``
-    leaves the optimizer state out; ``full_weights`` also writes the gathered model weights as ``model_full.pt``
-    (rank 0); ``ignore`` (train.compat.IgnoreKeys, from save_ignore_keys): state left out. The rest as in
-    :func:`write_snapshot`.
+def save_checkpoint(folder: str | Path, name: str, components: dict[str, Component], *, config: dict[str, Any],
+                    tokenizer: Any, overwrite: bool, keep: int = -1, publish: bool = True, **options: Any) -> Path:
+    """Write one checkpoint of ``components`` (collective: every rank calls it) and point ``latest`` at it; returns
+    its path. ``options``: :func:`take_snapshot`'s: ``weights_only`` leaves the optimizer state out;
+    ``full_weights`` also writes the gathered model weights as ``model_full.pt`` (rank 0); ``ignore``
+    (train.compat.IgnoreKeys, from save_ignore_keys): state left out. The rest as in :func:`write_snapshot`.
     """
-    return write_snapshot(folder, name, take_snapshot(**state), config=config, tokenizer=tokenizer,
+    return write_snapshot(folder, name, take_snapshot(components, **options), config=config, tokenizer=tokenizer,
                           overwrite=overwrite, keep=keep, publish=publish)
 
 
@@ -270,35 +230,23 @@ def _barrier(group: Any, op: str) -> None:
             torch.distributed.barrier(group=group)
 
 
-def load_checkpoint(
-    path: str | Path,
-    *,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer | None,
-    weights_only: bool = False,
-    strict: bool = True,
-    ignore: Any = None,
-) -> dict[str, Any]:
-    """Restore model (and unless ``weights_only``, optimizer, RNG) from a checkpoint on any world size.
+def load_checkpoint(path: str | Path, components: dict[str, Component], *, weights_only: bool = False,
+                    strict: bool = True, ignore: Any = None) -> list[str]:
+    """Restore ``components`` from a checkpoint of ours written on any world size; returns the names restored.
 
-    Returns ``{"trainer": {...}, "dataloader": {...} | None}`` (empty when ``weights_only``). ``ignore``
-    (train.compat.IgnoreKeys, from load_ignore_keys): state left as it is.
+    ``weights_only`` reads the model alone; ``ignore`` (train.compat.IgnoreKeys, from load_ignore_keys): state left
+    as it is. Per-rank state (RNG) is restored on the world size that wrote it only: elsewhere its streams restart
+    from the seed.
     """
     path = resolve_checkpoint(path)
     verify_checkpoint(path)
-    options = StateDictOptions(strict=strict)
     rank0_file = path / "rank0.pt"
     rank0 = _read_small_state(rank0_file) if rank0_file.exists() else {}
-    with_optimizer = not weights_only and optimizer is not None and not rank0.get("weights_only", False)
-    state: dict[str, Any] = {"model": model_state(model)}
-    if hooks_of(model).saves_adapters_only:  # the frozen base is not in the checkpoint
-        options = StateDictOptions(strict=False)
-    if ignore:
-        with_optimizer = with_optimizer and not ignore.section("optimizer")
-        state["model"] = {k: v for k, v in state["model"].items() if not ignore.model_key(k)}
-        options = StateDictOptions(strict=False)
-    if with_optimizer:
-        state["optimizer"] = get_optimizer_state_dict(model, optimizer)
+    chosen = select(components, weights_only=weights_only, ignore=ignore, saving=False)
+    if rank0.get("weights_only", False):  # a weights-only checkpoint has no optimizer state to read
+        chosen = {name: c for name, c in chosen.items() if c.kind != "sharded" or c.weights}
+    sharded = {name: c for name, c in chosen.items() if c.kind == "sharded"}
+    state = {name: c.state.state_dict() for name, c in sharded.items()}  # what to read, and where to
     try:
         dcp.load(state, storage_reader=SafeFileSystemReader(str(path)),
                  planner=SafeLoadPlanner(allow_partial_load=not strict))
@@ -313,22 +261,21 @@ def load_checkpoint(
             hint = ("make the model section match the checkpoint's config.yaml, or set load_strict_model_weights: "
                     "false to load only the weights that match")
         raise ConfigError(f"load_path: '{path}' does not match this run ({failure}); {hint}") from None
-    set_model_state_dict(model, state["model"], options=options)
-    if weights_only:
-        return {}
-    if with_optimizer:
-        set_optimizer_state_dict(model, optimizer, state["optimizer"], options=options)
+    loaded = restore(sharded, state)
+    rest = {name: c for name, c in chosen.items() if c.kind != "sharded"}
+    if not rest:
+        return loaded
     rank_file = path / f"rank{dist.rank()}.pt"
-    per_rank = _read_small_state(rank_file) if rank_file.exists() else rank0
-    restore_rng = per_rank.get("rng") is not None and not (ignore and ignore.section("rng"))
-    if rank_file.exists() and per_rank.get("world_size") == dist.world_size() and restore_rng:
-        set_rng_state(per_rank["rng"])  # on another world size, RNG streams restart from the seed
-    trainer = rank0["trainer"]
-    loader = rank0.get("dataloader")
-    if ignore:
-        trainer = {k: v for k, v in trainer.items() if not ignore.section(k)}
-        loader = None if ignore.section("dataloader") else loader
-    return {"trainer": trainer, "dataloader": loader}
+    per_rank = _read_small_state(rank_file) if rank_file.exists() else {}
+    same_world = bool(per_rank) and per_rank.get("world_size") == dist.world_size()
+    states = {}
+    for name, component in rest.items():
+        if component.kind == "per_rank":
+            if same_world:
+                states[name] = _slot(per_rank, name, "per_rank").get(name)
+        else:
+            states[name] = _slot(rank0, name, "shared").get(name)
+    return loaded + restore(rest, states)
 
 
 def _read_small_state(path: Path) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from llmfoundry.train.checkpoint import (
     take_snapshot,
     write_snapshot,
 )
+from llmfoundry.train.components import Component
 from llmfoundry.train.composer_checkpoint import find_composer_checkpoint
 
 
@@ -55,15 +56,17 @@ class Checkpointer:
                               max_backoff_s=upload_cfg.max_backoff_s)
             self.uploader = uploads.Uploader(save_folder, dist.rank(), **kwargs)
 
-    def save(self, name: str, *, config: dict, tokenizer, **state) -> str:
-        """Write checkpoint ``name`` (collective; ``state``: train.checkpoint.take_snapshot's arguments); returns
-        where it is (or will be, once written in the background or uploaded)."""
+    def save(self, name: str, components: dict[str, Component], *, config: dict, tokenizer, **options) -> str:
+        """Write checkpoint ``name`` of ``components`` (collective; ``options``: train.checkpoint.take_snapshot's);
+        returns where it is (or will be, once written in the background or uploaded)."""
         where = f"{self.save_folder.rstrip('/')}/{name}" if self.remote else str(Path(self.save_folder) / name)
         if self.background is None:
-            self._write(name, take_snapshot(**state), config, tokenizer, group=None)
+            self._write(name, take_snapshot(components, **options), config, tokenizer, group=None)
             return where
         self.wait()  # one write in flight; its error (a ConfigError) is raised here
-        copied = self.background.snapshot(take_snapshot(**state), state["model"], state.get("optimizer"))
+        optimizer = components["optimizer"].state.optimizer if "optimizer" in components else None
+        copied = self.background.snapshot(take_snapshot(components, **options), components["model"].state.model,
+                                          optimizer)
         files = self.background.tokenizer_files(tokenizer)
         self.background.start(lambda: self._write(name, copied(), config, files, group=self.background.group))
         return where

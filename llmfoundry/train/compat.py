@@ -54,7 +54,8 @@ def finish_recipe(cfg: Any, prefix: str) -> list[str]:
         for pattern in getattr(cfg, key) or []:
             if not IgnoreKeys([pattern]).is_known():
                 problems.append(f"{prefix}{key}: '{pattern}' matches no state here (use state/model/<param glob>, "
-                                f"state/optimizers, state/schedulers, state/timestamp, state/train_dataloader or rng)")
+                                f"state/optimizers, state/schedulers, state/timestamp, state/train_dataloader, rng or "
+                                f"state/callbacks/<state_name>)")
     if cfg.only_composer_checkpoint and not cfg.save_folder:
         problems.append(f"{prefix}only_composer_checkpoint: needs save_folder (where the checkpoint is written)")
     if cfg.only_hf_checkpoint and "hf_checkpointer" not in cfg.callbacks:
@@ -136,6 +137,7 @@ class IgnoreKeys:
     """
 
     SECTIONS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "model": (),  # never a whole section: its keys are matched one by one (model_key)
         "optimizer": ("state/optimizers", "state/optimizers/x"),
         "scheduler": ("state/schedulers", "state/schedulers/x"),
         "time": ("state/timestamp", "state/timestamp/x"),
@@ -143,7 +145,8 @@ class IgnoreKeys:
                        "state/dataset_state/x"),
         "rng": ("rng", "rng/x"),
     }
-    # Composer state with no counterpart here: ignoring it changes nothing, so patterns naming it are accepted.
+    # Composer state with no counterpart here (callbacks: only those that declare a state_name have one): ignoring
+    # it changes nothing, so patterns naming it are accepted.
     COMPOSER_ONLY: ClassVar[tuple[str, ...]] = (
         "state/callbacks", "state/algorithms", "state/train_metrics", "state/eval_metrics", "state/scaler",
         "state/rank_zero_seed", "state/run_name", "state/metadata", "state/integrations",
@@ -159,8 +162,13 @@ class IgnoreKeys:
         return any(fnmatch.fnmatchcase(name, p) for p in self.patterns for name in names)
 
     def section(self, name: str) -> bool:
-        """True when a whole section (optimizer, scheduler, time, dataloader, rng) is ignored."""
-        return self._match(self.SECTIONS[name])
+        """True when a whole section (a component of train.components: optimizer, scheduler, time, dataloader,
+        rng) is ignored. Any other component is a callback's state, which Composer keeps under
+        ``state/callbacks/<name>``."""
+        names = self.SECTIONS.get(name)
+        if names is None:
+            names = (f"state/callbacks/{name}", "state/callbacks", "state/callbacks/x")
+        return self._match(names)
 
     def model_key(self, key: str) -> bool:
         return self._match((f"state/model/{key}", f"state/model/model.{key}", "state/model"))
@@ -170,4 +178,5 @@ class IgnoreKeys:
         names = [n for names in self.SECTIONS.values() for n in names] + ["state/model/x", "state/model/model.x",
                                                                            "state/model"]
         names += list(self.COMPOSER_ONLY) + [f"{n}/x" for n in self.COMPOSER_ONLY]
-        return self._match(tuple(names)) or any(p.startswith("state/model/") for p in self.patterns)
+        per_name = ("state/model/", "state/callbacks/")  # a weight's or a callback's name: any may exist
+        return self._match(tuple(names)) or any(p.startswith(per_name) for p in self.patterns)

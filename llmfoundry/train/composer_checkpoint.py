@@ -46,6 +46,7 @@ from llmfoundry.core.errors import ConfigError, first_line, refusal_reason
 from llmfoundry.core.notices import notice_once
 from llmfoundry.models.interface import ModelHooks, hooks_of
 from llmfoundry.models.layers.moe import expert_weight_from_llm_foundry
+from llmfoundry.train.components import Component, restore, select
 from llmfoundry.train.composer_moments import MomentScale, fsdp_version_from_order, moment_scale
 from llmfoundry.train.dcp_reading import (
     SafeFileSystemReader,
@@ -227,19 +228,21 @@ def rng_state(checkpoint: ComposerCheckpoint, rank: int) -> dict[str, Any] | Non
 # ----- into a model and optimizer of ours (any world size, FSDP2 or not) -----
 def load_into_training(
     checkpoint: ComposerCheckpoint,
+    components: dict[str, Component],
     *,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer | None,
     optimizer_name: str | None,
     weights_only: bool = False,
     strict: bool = True,
     ignore: Any = None,
     rank: int = 0,
     world_size: int = 1,
-) -> dict[str, Any]:
-    """Restore the weights (and unless ``weights_only``, optimizer state, learning rate, RNG) of a Composer
-    checkpoint into our model and optimizer; returns ``{"trainer": {"time", "scheduler"}, "dataloader"}`` as
-    train.checkpoint.load_checkpoint does. ``ignore`` is train.compat.IgnoreKeys (Composer's own key names)."""
+) -> list[str]:
+    """Restore a Composer checkpoint into our run's ``components`` (train.components), mapped onto them: the
+    weights (and unless ``weights_only``, optimizer state, time, learning rate, loader position, RNG); returns the
+    names restored, as train.checkpoint.load_checkpoint does. ``ignore`` is train.compat.IgnoreKeys (Composer's
+    own key names)."""
+    chosen = select(components, weights_only=weights_only, ignore=ignore, saving=False)
+    model = components["model"].state.model
     where = f"load_path: '{checkpoint.path}'"
     ours = get_model_state_dict(model)
     prefix = _our_prefix(ours, checkpoint.model)
@@ -260,21 +263,18 @@ def load_into_training(
         raise ConfigError(f"{where} does not match this run's model ({detail}); make the model section match the "
                           "recipe it was trained with, or set load_strict_model_weights: false")
     set_model_state_dict(model, state, options=StateDictOptions(strict=False))
-    if weights_only:
-        return {}
-    if optimizer is not None and checkpoint.optimizer_state and not (ignore and ignore.section("optimizer")):
-        _load_optimizer(checkpoint, model, optimizer, optimizer_name, prefix, where, ours)
-    restored: dict[str, Any] = {"trainer": {}, "dataloader": None}
-    if not (ignore and ignore.section("time")):
-        restored["trainer"]["time"] = train_time(checkpoint.timestamp)
-    if checkpoint.scheduler and not (ignore and ignore.section("scheduler")):
-        restored["trainer"]["scheduler"] = {**checkpoint.scheduler, "lr_lambdas": [None]}  # ours is code, not state
-    if not (ignore and ignore.section("dataloader")):
-        restored["dataloader"] = loader_position(checkpoint)
-    rng = rng_state(checkpoint, rank)
-    if rng is not None and world_size == checkpoint.world_size and not (ignore and ignore.section("rng")):
-        restored["rng"] = rng  # on another world size, RNG streams restart from the seed (as for our checkpoints)
-    return restored
+    loaded = ["model"]
+    if "optimizer" in chosen and checkpoint.optimizer_state:
+        _load_optimizer(checkpoint, model, chosen["optimizer"].state.optimizer, optimizer_name, prefix, where, ours)
+        loaded.append("optimizer")
+    states = {
+        "time": train_time(checkpoint.timestamp),
+        "scheduler": {**checkpoint.scheduler, "lr_lambdas": [None]} if checkpoint.scheduler else None,  # ours is code
+        "dataloader": loader_position(checkpoint),
+        # on another world size, RNG streams restart from the seed (as for our checkpoints)
+        "rng": rng_state(checkpoint, rank) if world_size == checkpoint.world_size else None,
+    }  # (Composer's callbacks keep state by class name; none of ours reads it)
+    return loaded + restore({n: c for n, c in chosen.items() if c.kind != "sharded"}, states)
 
 
 def _our_prefix(ours: dict[str, Any], theirs: dict[str, Any]) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import math
 import sys
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -41,32 +40,15 @@ from llmfoundry.train.builders import (
     build_tokenizer,
 )
 from llmfoundry.train.callbacks.torch_profiler import TorchProfiler
+from llmfoundry.train.components import Component, training_components
 from llmfoundry.train.errors import TrainingStopped
 from llmfoundry.train.icl import TrainingICL
 from llmfoundry.train.only_checkpoint import write_only_checkpoint
 from llmfoundry.train.recipe import TrainConfig, to_plain
 from llmfoundry.train.run_name import resolve_run_name
+from llmfoundry.train.state import EvalHistory, TrainTime
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class TrainTime:
-    """How far training has come; saved in checkpoints."""
-
-    epoch: int = 0
-    batch: int = 0
-    batch_in_epoch: int = 0
-    sample: int = 0
-    token: int = 0
-
-    def as_metrics(self) -> dict[str, float]:
-        return {f"time/{k}": float(v) for k, v in vars(self).items()}
-
-
-@dataclass
-class EvalHistory:
-    losses: list[tuple[int, float]] = field(default_factory=list)  # (batch, eval loss)
 
 
 class Trainer:
@@ -205,30 +187,32 @@ class Trainer:
 
     def restore(self, path: str, weights_only: bool, strict: bool, ignore_keys: list[str] | None) -> None:
         """Load a checkpoint of ours or Composer's into this run (also the load_checkpoint callback's way in)."""
-        cfg = self.cfg
         self.checkpointer.wait()  # a background save (save_async) in flight finishes first
+        ignore = compat.IgnoreKeys(ignore_keys)
+        components = self.checkpoint_components(strict=strict, ignore=ignore)
         composer = composer_checkpoint.find_composer_checkpoint(path)
         if composer is not None:  # a checkpoint written by llm-foundry (Composer)
-            restored = composer_checkpoint.load_into_training(
-                composer_checkpoint.read_composer_checkpoint(composer), model=self.model, optimizer=self.optimizer,
-                optimizer_name=cfg.optimizer.name, weights_only=weights_only, strict=strict,
-                ignore=compat.IgnoreKeys(ignore_keys), rank=self.dist.rank, world_size=self.dist.world_size)
-            if restored.get("rng") is not None:
-                checkpoint.set_rng_state(restored["rng"])
+            composer_checkpoint.load_into_training(
+                composer_checkpoint.read_composer_checkpoint(composer), components,
+                optimizer_name=self.cfg.optimizer.name, weights_only=weights_only, strict=strict, ignore=ignore,
+                rank=self.dist.rank, world_size=self.dist.world_size)
         else:
-            restored = checkpoint.load_checkpoint(path, model=self.model, optimizer=self.optimizer,
-                                                  weights_only=weights_only, strict=strict,
-                                                  ignore=compat.IgnoreKeys(ignore_keys))
-        trainer_state = restored.get("trainer") or {}  # load_ignore_keys may leave time or scheduler out
-        if "time" in trainer_state:
-            self.time = TrainTime(**trainer_state["time"])
-        if "scheduler" in trainer_state:
-            self.scheduler.load_state_dict(trainer_state["scheduler"])
-        if restored.get("dataloader") is not None:
-            self.train_loader.load_state_dict(restored["dataloader"])
+            checkpoint.load_checkpoint(path, components, weights_only=weights_only, strict=strict, ignore=ignore)
         source = composer if composer is not None else checkpoint.resolve_checkpoint(path)
         self.restored_from = str(source)
         self._print(f"resumed from {source} at batch {self.time.batch}")
+
+    def checkpoint_components(self, strict: bool = True, ignore: Any = None) -> dict[str, Component]:
+        """What a checkpoint of this run holds (train.components): model, optimizer, rng, scheduler, time, the
+        train loader's position, and the state of every callback that declares a ``state_name``."""
+        components = training_components(self.model, self.optimizer, strict=strict, ignore=ignore)
+        components["time"] = Component("time", self.time)
+        components["scheduler"] = Component("scheduler", self.scheduler)
+        components["dataloader"] = Component("dataloader", self.train_loader)
+        for cb in self.callbacks:
+            if cb.state_name is not None:
+                components[cb.state_name] = Component(cb.state_name, cb)
+        return components
 
     # ----- the loop -----
     def fit(self) -> dict[str, float]:
@@ -464,9 +448,7 @@ class Trainer:
     def save(self) -> str:
         name = checkpoint.checkpoint_name(self.time.epoch, self.time.batch)
         path = self.checkpointer.save(
-            name, model=self.model, optimizer=self.optimizer,
-            trainer_state={"time": vars(self.time).copy(), "scheduler": self.scheduler.state_dict()},
-            loader_state=self.train_loader.state_dict(), config=self.config_plain, tokenizer=self.tokenizer,
+            name, self.checkpoint_components(), config=self.config_plain, tokenizer=self.tokenizer,
             weights_only=self.cfg.save_weights_only, ignore=compat.IgnoreKeys(self.cfg.save_ignore_keys),
             full_weights=self.cfg.fsdp_config is not None and self.cfg.fsdp_config.state_dict_type == "full")
         self._print(f"saved checkpoint {path}{self.checkpointer.note}")

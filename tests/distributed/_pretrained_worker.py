@@ -18,7 +18,10 @@ import torch
 import torch.distributed as tdist
 from safetensors.torch import load_file
 from torch.distributed.tensor import DTensor
+from transformers import AutoModelForCausalLM, PreTrainedModel  # noqa: F401  (see below)
 
+import llmfoundry.models.hf  # noqa: F401
+import llmfoundry.models.mpt.model  # noqa: F401
 from llmfoundry.models.mpt.arch import MPTModelSettings
 from llmfoundry.models.settings import HFModelSettings
 from llmfoundry.registry import models
@@ -26,6 +29,8 @@ from llmfoundry.train import parallel
 from llmfoundry.train.settings import FSDPConfig
 from tests.distributed.helpers import memory_status as status
 
+# The builders' modules (transformers' model classes: ~130 MB resident) are imported above, before any measurement:
+# the growth measured is the load's, not the imports'.
 SETTINGS = {"hf_causal_lm": HFModelSettings, "mpt_causal_lm": MPTModelSettings}
 
 

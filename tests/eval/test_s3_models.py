@@ -19,6 +19,7 @@ from llmfoundry.inference.lm_eval_adapter import LLMFoundryLM
 from llmfoundry.loading import load_model
 from llmfoundry.models.hf_export import export_hf
 from llmfoundry.train.checkpointer import Checkpointer
+from llmfoundry.train.components import weights_of
 from llmfoundry.train.recipe import TrainConfig, validate
 from llmfoundry.train.settings import CheckpointUploadConfig
 from tests.eval.helpers import TINY_DATA
@@ -57,8 +58,7 @@ def s3_model(s3_server, tmp_path, tokenizer, tokenizer_dir, monkeypatch):
     model = registry.models.get("mpt_causal_lm").builder(cfg.model.settings, tokenizer).eval()
     url = f"s3://{BUCKET}/runs/quickstart"
     saver = Checkpointer(url, CheckpointUploadConfig(staging_folder=str(tmp_path / "staging")))
-    saver.save("ep0-ba1", model=model, optimizer=None, trainer_state={"batch": 1}, loader_state=None, config=config,
-               tokenizer=tokenizer)
+    saver.save("ep0-ba1", weights_of(model), config=config, tokenizer=tokenizer)
     assert saver.finish(60)
     return url, model, config
 

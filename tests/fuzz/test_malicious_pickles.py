@@ -107,7 +107,7 @@ def test_a_pickle_that_runs_code_in_our_checkpoint_is_refused_unrun(our_checkpoi
     shutil.rmtree(folder / "checksums", ignore_errors=True)  # an attacker rewrites or drops them: not a defence
     plant(folder, marker)
     with pytest.raises(ConfigError, match=message) as refused:
-        load_checkpoint(folder, model=trainer.model, optimizer=trainer.optimizer)
+        load_checkpoint(folder, trainer.checkpoint_components())
     assert "\n" not in str(refused.value)
     assert not marker.exists()
 

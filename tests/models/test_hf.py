@@ -170,6 +170,7 @@ def test_llm_foundry_loading_keys_load_the_same_weights_and_say_what_differs(lla
 @pytest.mark.parametrize("adapters_only", [True, False])
 def test_should_save_peft_only_checkpoints_hold_the_adapters_alone(llama_dir, tokenizer, tmp_path, adapters_only):
     from llmfoundry.train.checkpoint import load_checkpoint, save_checkpoint
+    from llmfoundry.train.components import weights_of
     from llmfoundry.train.dcp_reading import read_metadata_file
 
     peft_config = {"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
@@ -180,12 +181,11 @@ def test_should_save_peft_only_checkpoints_hold_the_adapters_alone(llama_dir, to
         for name, param in model.named_parameters():
             if "lora_B" in name:
                 param.add_(0.5)  # adapters that change the output
-    save_checkpoint(tmp_path, "ep0-ba1", model=model, optimizer=None, trainer_state={}, loader_state=None,
-                    config={}, tokenizer=None, overwrite=True)
+    save_checkpoint(tmp_path, "ep0-ba1", weights_of(model), config={}, tokenizer=None, overwrite=True)
     metadata = read_metadata_file(tmp_path / "ep0-ba1" / ".metadata")
     saved = [k for k in metadata.state_dict_metadata if k.startswith("model.")]
     assert all("lora_" in k for k in saved) == adapters_only and saved
     fresh = build(tokenizer, **settings).eval()
-    load_checkpoint(tmp_path / "ep0-ba1", model=fresh, optimizer=None, weights_only=True)
+    load_checkpoint(tmp_path / "ep0-ba1", weights_of(fresh), weights_only=True)
     x = torch.randint(2, 512, (2, 16))
     torch.testing.assert_close(fresh(x).logits, model.eval()(x).logits)

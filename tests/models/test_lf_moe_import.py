@@ -24,6 +24,7 @@ from llmfoundry.loading import load_model
 from llmfoundry.models.hf_import import load_as_mpt
 from llmfoundry.models.layers.moe import expert_weight_from_llm_foundry
 from llmfoundry.models.mpt.arch import to_dict
+from llmfoundry.train.components import training_components
 from llmfoundry.train.composer_checkpoint import load_into_training, read_composer_checkpoint
 from tests.models.helpers import randomize_norms, tiny_config, tiny_model
 
@@ -195,7 +196,7 @@ def test_a_composer_moe_checkpoint_resumes_weights_and_optimizer_state(name, tmp
     fresh = ours(case, seed=3)
     assert max_diff(fresh, model) > 0.0
     optimizer = torch.optim.AdamW(fresh.parameters(), lr=5e-3)
-    load_into_training(read_composer_checkpoint(path), model=fresh, optimizer=optimizer,
+    load_into_training(read_composer_checkpoint(path), weights_and_optimizer(fresh, optimizer),
                        optimizer_name="decoupled_adamw")
     assert max_diff(fresh, model) == 0.0
     assert optimizer.param_groups[0]["lr"] == 2.5e-3
@@ -205,6 +206,12 @@ def test_a_composer_moe_checkpoint_resumes_weights_and_optimizer_state(name, tmp
     # and written out as llm-foundry's HF folder (eval, generate, convert read it so), the same model
     loaded, _ = load_model(path)
     assert max_diff(loaded, model) == 0.0
+
+
+def weights_and_optimizer(model, optimizer) -> dict:
+    """A run's model and optimizer components (train.components), without its RNG: this process's is left alone."""
+    components = training_components(model, optimizer)
+    return {name: components[name] for name in ("model", "optimizer")}
 
 
 def test_a_wrong_size_expert_tensor_in_a_composer_checkpoint_is_a_one_line_error(tmp_path):
@@ -217,8 +224,8 @@ def test_a_wrong_size_expert_tensor_in_a_composer_checkpoint_is_a_one_line_error
     path = write_composer(model, case, tmp_path / "ep0-ba2-rank0.pt", moments)
     fresh = ours(case, seed=3)
     with pytest.raises(ConfigError) as error:
-        load_into_training(read_composer_checkpoint(path), model=fresh, optimizer=torch.optim.AdamW(
-            fresh.parameters()), optimizer_name="decoupled_adamw")
+        load_into_training(read_composer_checkpoint(path), weights_and_optimizer(fresh, torch.optim.AdamW(
+            fresh.parameters())), optimizer_name="decoupled_adamw")
     message = str(error.value)
     assert "\n" not in message and key in message and "(4, 48, 31)" in message and "(4, 48, 32)" in message, message
 

@@ -70,6 +70,7 @@ def test_async_save_to_s3_marks_checkpoints_complete_and_resumes(recipe, s3_serv
 def test_the_optimizer_step_after_a_save_waits_for_the_copy_of_the_state():
     from llmfoundry.train.async_save import AsyncSaver
     from llmfoundry.train.checkpoint import take_snapshot
+    from llmfoundry.train.components import training_components
 
     model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.BatchNorm1d(1024))
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
@@ -77,7 +78,7 @@ def test_the_optimizer_step_after_a_save_waits_for_the_copy_of_the_state():
     optimizer.step()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     saver = AsyncSaver()
-    copied = saver.snapshot(take_snapshot(model=model, optimizer=optimizer, trainer_state={}, loader_state=None),
+    copied = saver.snapshot(take_snapshot(training_components(model, optimizer)),
                             model, optimizer)
     model(torch.randn(4, 1024)).sum().backward()  # changes the BatchNorm buffers: copied before snapshot returned
     optimizer.step()  # changes the parameters and the optimizer state: waits for their copy first

@@ -2,6 +2,7 @@
 
 - A checkpoint written before that change (tests/fixtures/checkpoint_format_v1, made by its make_fixture.py with the
   code of the day) restores every piece: time, scheduler, loader position, model, optimizer, RNG.
+- A new piece of state is one file: tests/distributed/test_stateful_component.py.
 """
 
 from __future__ import annotations
@@ -24,3 +25,4 @@ def test_a_checkpoint_written_before_components_restores_every_piece_and_trains_
     restored["rng_torch"] = digest(torch.get_rng_state())
     assert json.loads(json.dumps(restored)) == expected
     assert trainer.fit()["time/batch"] == 5
+

@@ -41,9 +41,9 @@ def test_every_file_of_a_checkpoint_has_a_recorded_checksum(checkpoint):
 
 def test_an_intact_checkpoint_and_one_without_checksums_load(checkpoint):
     trainer, folder = checkpoint
-    load_checkpoint(folder, model=trainer.model, optimizer=trainer.optimizer)
+    load_checkpoint(folder, trainer.checkpoint_components())
     shutil.rmtree(folder / CHECKSUMS)  # written before checksums existed
-    load_checkpoint(folder, model=trainer.model, optimizer=trainer.optimizer)
+    load_checkpoint(folder, trainer.checkpoint_components())
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "delete"])
@@ -60,7 +60,7 @@ def test_a_damaged_shard_is_a_one_line_error_naming_it(checkpoint, damage):
         shard.unlink()
     expected = {"truncate": "truncated", "flip": "does not match its checksum", "delete": "is missing"}[damage]
     with pytest.raises(ConfigError) as caught:
-        load_checkpoint(folder, model=trainer.model, optimizer=trainer.optimizer)
+        load_checkpoint(folder, trainer.checkpoint_components())
     message = str(caught.value)
     assert "\n" not in message
     assert f"'{shard}'" in message and expected in message and "resume from an earlier checkpoint" in message
@@ -70,7 +70,7 @@ def test_a_checksum_list_naming_a_file_outside_the_checkpoint_is_refused(checkpo
     trainer, folder = checkpoint
     (folder / CHECKSUMS / "rank0.json").write_text('{"files": {"../../etc/passwd": {"size": 1, "xxh3_64": "0"}}}')
     with pytest.raises(ConfigError, match="outside the checkpoint"):
-        load_checkpoint(folder, model=trainer.model, optimizer=trainer.optimizer)
+        load_checkpoint(folder, trainer.checkpoint_components())
 
 
 class FileSizeLimit(Callback):

@@ -9,7 +9,7 @@ import torch
 
 from llmfoundry.core.timeunits import Time, counted_interval, estimated_last_batch, interval_due
 from llmfoundry.train.callbacks.base import Callback
-from llmfoundry.train.trainer import TrainTime
+from llmfoundry.train.state import TrainTime
 from tests.helpers import make_trainer, tiny_recipe, weights, write_prompt_response_jsonl
 
 

@@ -8,7 +8,14 @@ import torch
 
 
 class Callback:
-    """Override the events you need. ``metrics`` dicts may be extended in place: what a callback adds is logged."""
+    """Override the events you need. ``metrics`` dicts may be extended in place: what a callback adds is logged.
+
+    A callback whose state must survive a resume names it in ``state_name`` and implements ``state_dict()`` /
+    ``load_state_dict(state)`` (tensors and plain types): checkpoints then hold it as a component of their own
+    (train.components), the same on every rank (rank 0's is restored)."""
+
+    #: the callback's key in checkpoints (and in save/load_ignore_keys, as ``state/callbacks/<state_name>``)
+    state_name: str | None = None
 
     def on_fit_start(self, trainer: Any) -> None: ...
 
