@@ -1,4 +1,7 @@
-"""Turn validated config sections into objects through the registry (the one place builders are called)."""
+"""Turn validated config sections into objects through the registry (the one place builders are called).
+
+Each builder receives its own section of the recipe (and what it must know from elsewhere, as arguments), never
+the whole recipe."""
 
 from __future__ import annotations
 
@@ -12,18 +15,20 @@ from llmfoundry.core import dist
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.data import tokenizers
 from llmfoundry.models.interface import check_causal_lm
-from llmfoundry.train.recipe import Component, TrainConfig
+from llmfoundry.train.recipe import Component, TokenizerConfig
 
 
-def build_tokenizer(cfg: TrainConfig):
-    kwargs = dict(cfg.tokenizer.kwargs)
-    kwargs.setdefault("model_max_length", cfg.max_seq_len)
-    return tokenizers.build_tokenizer(cfg.tokenizer.name, kwargs)
+def build_tokenizer(section: TokenizerConfig, max_seq_len: int):
+    """The recipe's ``tokenizer``; its ``model_max_length`` defaults to the run's ``max_seq_len``."""
+    kwargs = dict(section.kwargs)
+    kwargs.setdefault("model_max_length", max_seq_len)
+    return tokenizers.build_tokenizer(section.name, kwargs)
 
 
-def build_model(cfg: TrainConfig, tokenizer) -> nn.Module:
-    model = registry.models.get(cfg.model.name, key="model.name").builder(cfg.model.settings, tokenizer)
-    check_causal_lm(model, f"model.name: '{cfg.model.name}'")
+def build_model(section: Component, tokenizer) -> nn.Module:
+    """The recipe's ``model``, checked against the CausalLM protocol."""
+    model = registry.models.get(section.name, key="model.name").builder(section.settings, tokenizer)
+    check_causal_lm(model, f"model.name: '{section.name}'")
     return model
 
 
@@ -40,17 +45,17 @@ def build_dataloader(section: Component, tokenizer, device_batch_size: int, key:
     return entry.builder(section.settings, tokenizer, device_batch_size, key=key)
 
 
-def build_optimizer(cfg: TrainConfig, model: nn.Module):
-    return registry.optimizers.get(cfg.optimizer.name, key="optimizer.name").builder(cfg.optimizer.settings, model)
+def build_optimizer(section: Component, model: nn.Module):
+    return registry.optimizers.get(section.name, key="optimizer.name").builder(section.settings, model)
 
 
-def build_schedule(cfg: TrainConfig, rates):
+def build_schedule(section: Component | None, rates):
     """The learning-rate multiplier as a function of the trainer's time (constant 1 without a scheduler)."""
-    if cfg.scheduler is None:
+    if section is None:
         return lambda now: 1.0
-    entry = registry.schedulers.get(cfg.scheduler.name, key="scheduler.name")
+    entry = registry.schedulers.get(section.name, key="scheduler.name")
     try:
-        return entry.builder(cfg.scheduler.settings, rates)
+        return entry.builder(section.settings, rates)
     except ValueError as error:
         raise ConfigError(str(error)) from None
 

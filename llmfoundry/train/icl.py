@@ -8,24 +8,16 @@ from llmfoundry.core.dist import DataShare
 from llmfoundry.eval.config import load_gauntlet
 from llmfoundry.eval.gauntlet import compute_gauntlet, gauntlet_table, tasks_table
 from llmfoundry.eval.runner import ICLEvaluator
-from llmfoundry.train.recipe import TrainConfig
 
 
 class TrainingICL:
     """The recipe's icl_tasks (and eval_gauntlet), prepared once with the run's tokenizer."""
 
-    def __init__(self, cfg: TrainConfig, tokenizer):
-        self.evaluator = ICLEvaluator(
-            cfg.icl_tasks, tokenizer, batch_size=cfg.device_eval_batch_size,
-            max_seq_len=cfg.icl_seq_len or cfg.max_seq_len, precision=cfg.precision,
-            subset_num_batches=icl_subset(cfg),
-        )
-        self.gauntlet = load_gauntlet(cfg.eval_gauntlet)
-
-    @classmethod
-    def from_config(cls, cfg: TrainConfig, tokenizer) -> "TrainingICL | None":
-        """None without icl_tasks (validation has made sure that an eval_gauntlet comes with them)."""
-        return cls(cfg, tokenizer) if cfg.icl_tasks else None
+    def __init__(self, tasks: list, gauntlet, tokenizer, *, batch_size: int, max_seq_len: int, precision: str,
+                 subset_num_batches: int | None):
+        self.evaluator = ICLEvaluator(tasks, tokenizer, batch_size=batch_size, max_seq_len=max_seq_len,
+                                      precision=precision, subset_num_batches=subset_num_batches)
+        self.gauntlet = load_gauntlet(gauntlet)
 
     def evaluate(self, model: torch.nn.Module, device: torch.device, share: DataShare) -> dict[str, float]:
         metrics = self.evaluator.evaluate(model, device, share)
@@ -41,9 +33,9 @@ class TrainingICL:
         return text
 
 
-def icl_subset(cfg: TrainConfig) -> int | None:
+def icl_subset(icl_subset_num_batches: int | None, eval_subset_num_batches: int) -> int | None:
     """Batches scored per ICL task: icl_subset_num_batches, else eval_subset_num_batches (as Composer gives an
     evaluator without its own subset the trainer's), else all."""
-    if cfg.icl_subset_num_batches is not None:
-        return cfg.icl_subset_num_batches
-    return cfg.eval_subset_num_batches if cfg.eval_subset_num_batches >= 0 else None
+    if icl_subset_num_batches is not None:
+        return icl_subset_num_batches
+    return eval_subset_num_batches if eval_subset_num_batches >= 0 else None

@@ -63,11 +63,6 @@ class Preemption:
         self._previous: dict[int, object] = {}
         self._pid = os.getpid()
 
-    @classmethod
-    def from_config(cls, cfg, device: torch.device) -> Preemption:
-        """From the recipe's preemption_signal, preemption_check_interval and exit_before_walltime."""
-        return cls(cfg.preemption_signal, cfg.preemption_check_interval, cfg.exit_before_walltime, device)
-
     # ----- signal handlers -----
     def install(self) -> None:
         """Install the handlers (main thread only: Python allows no other; elsewhere the flag file and the

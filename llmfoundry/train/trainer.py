@@ -42,7 +42,7 @@ from llmfoundry.train.builders import (
 from llmfoundry.train.callbacks.torch_profiler import TorchProfiler
 from llmfoundry.train.components import Component, training_components
 from llmfoundry.train.errors import TrainingStopped
-from llmfoundry.train.icl import TrainingICL
+from llmfoundry.train.icl import TrainingICL, icl_subset
 from llmfoundry.train.only_checkpoint import write_only_checkpoint
 from llmfoundry.train.recipe import TrainConfig, to_plain
 from llmfoundry.train.run_name import resolve_run_name
@@ -72,7 +72,7 @@ class Trainer:
 
         if cfg.prepare_data is not None:
             self._prepare_data()
-        self.tokenizer = build_tokenizer(cfg)
+        self.tokenizer = build_tokenizer(cfg.tokenizer, cfg.max_seq_len)
         world = self.dist.world_size
         # the ranks of a tensor-parallel group train on the same batches: data is dealt by data-parallel rank
         self.tp = cfg.tp_config if cfg.tp_config is not None and cfg.tp_config.tensor_parallel_degree > 1 else None
@@ -85,7 +85,7 @@ class Trainer:
         self.auto_microbatch = micro == "auto"
         self.microbatch_size = self.device_batch_size if micro == "auto" else micro
 
-        model = build_model(cfg, self.tokenizer)
+        model = build_model(cfg.model, self.tokenizer)
         if parallel.is_meta(model):  # materialised after sharding, on this rank's device
             self.model = model.to(precision.weight_dtype(cfg.precision))
         else:
@@ -96,7 +96,7 @@ class Trainer:
         # every token id of a batch must be below it (see _check_token_ids)
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
         self.loss = TokenLoss(label_offset(self.model))  # offset 0: an encoder-decoder model's labels are not shifted
-        self.optimizer = build_optimizer(cfg, self.model)
+        self.optimizer = build_optimizer(cfg.optimizer, self.model)
         self.scaler = precision.grad_scaler(cfg.precision, self.device)
         self.algorithms = build_named(registry.algorithms, cfg.algorithms)
         self.callbacks = build_named(registry.callbacks, cfg.callbacks)
@@ -106,7 +106,8 @@ class Trainer:
         self.checkpointer = checkpointer.Checkpointer(cfg.save_folder, cfg.checkpoint_upload,
                                                     keep=cfg.save_num_checkpoints_to_keep,
                                                     overwrite=cfg.save_overwrite, save_async=cfg.save_async)
-        self.preemption = preemption.Preemption.from_config(cfg, self.device)  # stop cleanly when asked to
+        self.preemption = preemption.Preemption(  # stop cleanly when asked to
+            cfg.preemption_signal, cfg.preemption_check_interval, cfg.exit_before_walltime, self.device)
         self.batch: dict[str, torch.Tensor] | None = None  # the device batch being trained on (for callbacks)
 
         self.train_loader = build_dataloader(cfg.train_loader, self.tokenizer, self.device_batch_size, "train_loader",
@@ -118,11 +119,15 @@ class Trainer:
         # metrics/train/<Name> of every batch (model.use_train_metrics) and the eval loaders' metric names
         self.train_metrics = LanguageMetrics(train_metric_names(cfg.model.settings), self.device, self.loss.offset)
         self.eval_metric_names = eval_metric_names(cfg.model.settings)
-        self.icl = TrainingICL.from_config(cfg, self.tokenizer)
+        self.icl = TrainingICL(  # (validation has made sure that an eval_gauntlet comes with icl_tasks)
+            cfg.icl_tasks, cfg.eval_gauntlet, self.tokenizer, batch_size=cfg.device_eval_batch_size,
+            max_seq_len=cfg.icl_seq_len or cfg.max_seq_len, precision=cfg.precision,
+            subset_num_batches=icl_subset(cfg.icl_subset_num_batches, cfg.eval_subset_num_batches),
+        ) if cfg.icl_tasks else None
         self.can_evaluate = bool(self.eval_loaders) or self.icl is not None
         self.last_icl_metrics: dict[str, float] = {}
         self.rates = self._rates()
-        self.schedule = build_schedule(cfg, self.rates)
+        self.schedule = build_schedule(cfg.scheduler, self.rates)
         # Composer's timing: the schedule reads the trainer's time, not LambdaLR's step count (see train_step)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: self.schedule(self.time))
         self.restored_from: str | None = None  # the checkpoint this run started from

@@ -139,7 +139,8 @@ def test_training_icl_tasks_follow_eval_subset_num_batches_unless_they_set_their
     from llmfoundry.train.recipe import TrainConfig, validate
 
     def subset(**keys):
-        return icl_subset(validate(tiny_recipe(mds_root, tokenizer_dir, icl_tasks=[MC], **keys), TrainConfig))
+        cfg = validate(tiny_recipe(mds_root, tokenizer_dir, icl_tasks=[MC], **keys), TrainConfig)
+        return icl_subset(cfg.icl_subset_num_batches, cfg.eval_subset_num_batches)
 
     assert subset() is None
     assert subset(eval_subset_num_batches=2) == 2  # as Composer: an ICL evaluator without its own subset

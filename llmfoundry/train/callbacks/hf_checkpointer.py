@@ -125,8 +125,7 @@ class HFCheckpointer(Callback):
         settings = cfg.model.settings
         if dataclasses.is_dataclass(settings) and getattr(settings, "init_device", None) in ("meta", "mixed"):
             settings = dataclasses.replace(settings, init_device="cpu")
-        return build_model(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, settings=settings)),
-                           trainer.tokenizer)
+        return build_model(dataclasses.replace(cfg.model, settings=settings), trainer.tokenizer)
 
     def _staging(self, trainer) -> Path:
         return objectstore.staging_root(self.s.save_folder, trainer.cfg.checkpoint_upload.staging_folder)
