@@ -98,7 +98,7 @@ class Outage(Callback):
 
 
 @pytest.mark.parametrize("outage_s", [float(os.environ.get("LLMFOUNDRY_TEST_S3_OUTAGE_S", "3")),
-                                      pytest.param(30.0, marks=pytest.mark.slow)])
+                                      pytest.param(10.0, marks=pytest.mark.slow)])
 def test_upload_survives_an_s3_outage_without_a_premature_latest(recipe, s3_server, moto_s3, tmp_path, outage_s):
     url = f"s3://{BUCKET}/runs/outage"
     trainer = make_trainer(recipe(eval_loader=None, max_duration="10ba", save_folder=url, save_interval="2ba",
@@ -113,7 +113,7 @@ def test_upload_survives_an_s3_outage_without_a_premature_latest(recipe, s3_serv
     # Training kept running (and saving: batch 4 is a save) while the server was down.
     during = [b for b, t in outage.batch_times.items() if outage.stopped_at <= t < outage.restarted_at]
     assert during[:2] == [3, 4], (outage.stopped_at, outage.restarted_at, outage.batch_times)
-    if outage_s >= 30:
+    if outage_s >= 10:  # the store is down for the rest of training (8 batches of a tiny model: ~2 s)
         assert during == list(range(3, 11))
     # ... and fit() waited for the uploads, which completed once the server was back.
     assert ended >= outage.restarted_at
