@@ -131,6 +131,7 @@ class Trainer:
         # Composer's timing: the schedule reads the trainer's time, not LambdaLR's step count (see train_step)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: self.schedule(self.time))
         self.restored_from: str | None = None  # the checkpoint this run started from
+        self.checkpoint_components()  # a callback's state_name that clashes is refused before training
         self._resume()
         self.checkpointer.check_can_write(resuming=self.time.batch > 0)
 
@@ -214,9 +215,12 @@ class Trainer:
         components["time"] = Component("time", self.time)
         components["scheduler"] = Component("scheduler", self.scheduler)
         components["dataloader"] = Component("dataloader", self.train_loader)
-        for cb in self.callbacks:
-            if cb.state_name is not None:
-                components[cb.state_name] = Component(cb.state_name, cb)
+        for cb in self.callbacks:  # (a plugin callback need not subclass Callback)
+            if (name := getattr(cb, "state_name", None)) is not None:
+                if name in components:
+                    raise ConfigError(f"callbacks: {type(cb).__name__}'s state_name '{name}' is already a checkpoint "
+                                      "component's name (give the callback another state_name)")
+                components[name] = Component(name, cb)
         return components
 
     # ----- the loop -----

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from tests.fixtures.checkpoint_format_v1.make_fixture import digest, restorable_state
@@ -26,3 +27,17 @@ def test_a_checkpoint_written_before_components_restores_every_piece_and_trains_
     assert json.loads(json.dumps(restored)) == expected
     assert trainer.fit()["time/batch"] == 5
 
+
+
+def test_a_callback_state_name_that_is_already_taken_is_a_one_line_error(recipe):
+    from llmfoundry.core.errors import ConfigError
+    from llmfoundry.train.callbacks.base import Callback
+
+    class Clock(Callback):
+        state_name = "time"
+
+    trainer = make_trainer(recipe(eval_loader=None))
+    trainer.callbacks.append(Clock())
+    with pytest.raises(ConfigError, match="Clock's state_name 'time' is already a checkpoint component's name") as error:
+        trainer.checkpoint_components()
+    assert "\n" not in str(error.value)
