@@ -19,7 +19,9 @@ go (local or an object store) and when is train.checkpointer's job.
 
 from __future__ import annotations
 
+import io
 import os
+import pickle
 import re
 import shutil
 import warnings
@@ -116,8 +118,28 @@ TOP_LEVEL = ("dataloader", "rng")
 
 
 def _slot(small: dict[str, Any], name: str, kind: str) -> dict[str, Any]:
-    """The dict of ``small`` (a rank file's contents) that holds component ``name``."""
+    """The dict of ``small`` (a rank file's contents) that holds component ``name`` (made when writing)."""
     return small if name in TOP_LEVEL or kind == "per_rank" else small.setdefault("trainer", {})
+
+
+def _saved(small: dict[str, Any], name: str, kind: str) -> Any:
+    """Component ``name``'s state in a rank file's contents, or None."""
+    return (small if name in TOP_LEVEL or kind == "per_rank" else small.get("trainer") or {}).get(name)
+
+
+def _plain_state(name: str, state: Any) -> Any:
+    """``state``, once it is known to read back as a checkpoint is read (tensors and plain values only): a state
+    that would make its checkpoint unreadable is refused when it is saved, not when a run tries to resume."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    try:
+        torch.load(buffer, weights_only=True)
+    except pickle.UnpicklingError:
+        raise ConfigError(f"checkpoint component '{name}': its state_dict() holds more than tensors and plain values "
+                          "(numbers, strings, lists, dicts), which a checkpoint could not be read back from; keep "
+                          "to those") from None
+    return state
 
 
 def take_snapshot(components: dict[str, Component], *, weights_only: bool = False, full_weights: bool = False,
@@ -130,7 +152,7 @@ def take_snapshot(components: dict[str, Component], *, weights_only: bool = Fals
                              "weights_only": "optimizer" not in state}
     for name, component in chosen.items():
         if component.kind != "sharded":
-            _slot(small, name, component.kind)[name] = component.state.state_dict()
+            _slot(small, name, component.kind)[name] = _plain_state(name, component.state.state_dict())
     full = None
     if full_weights:  # a collective: gathered before the writes, which may fail on one rank only
         model = components["model"].state.model
@@ -265,6 +287,9 @@ def load_checkpoint(path: str | Path, components: dict[str, Component], *, weigh
     rest = {name: c for name, c in chosen.items() if c.kind != "sharded"}
     if not rest:
         return loaded
+    if not rank0_file.exists() and any(c.kind == "shared" for c in rest.values()):
+        raise ConfigError(f"load_path: '{path}' has no rank0.pt (the trainer's time, schedule and data position); "
+                          "resume from another checkpoint, or set load_weights_only: true to start from its weights")
     rank_file = path / f"rank{dist.rank()}.pt"
     per_rank = _read_small_state(rank_file) if rank_file.exists() else {}
     same_world = bool(per_rank) and per_rank.get("world_size") == dist.world_size()
@@ -272,9 +297,9 @@ def load_checkpoint(path: str | Path, components: dict[str, Component], *, weigh
     for name, component in rest.items():
         if component.kind == "per_rank":
             if same_world:
-                states[name] = _slot(per_rank, name, "per_rank").get(name)
+                states[name] = _saved(per_rank, name, "per_rank")
         else:
-            states[name] = _slot(rank0, name, "shared").get(name)
+            states[name] = _saved(rank0, name, "shared")
     return loaded + restore(rest, states)
 
 

@@ -11,14 +11,15 @@ per_rank   each rank's own: read from this rank's file, and only on the world si
 =========  ========================================================================================================
 
 :func:`select` is the one place where ``save_weights_only`` / ``load_weights_only`` and the section patterns of
-``save_ignore_keys`` / ``load_ignore_keys`` decide which components a save writes and a load reads; the model's
-own key patterns are applied by :class:`ModelState`. train.checkpoint lays the components out on disk and
+``save_ignore_keys`` / ``load_ignore_keys`` decide which components a save writes and a load reads, and which of
+the model's weights (:meth:`ModelState.leaving_out`). train.checkpoint lays the components out on disk and
 train.composer_checkpoint maps llm-foundry's (Composer's) checkpoints onto the same components, so a new piece of
 state is one new component, in the file that owns it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -59,13 +60,17 @@ class Component:
 def select(components: dict[str, Component], *, weights_only: bool, ignore: Any, saving: bool) -> dict[str, Component]:
     """The components a save writes (``saving``) or a load reads. ``save_weights_only`` leaves the optimizer out
     (time, scheduler, loader and rng are small and let a run resume where it was); ``load_weights_only`` reads the
-    weights alone. A section that an ignore pattern names is left out (on load: left as it is)."""
+    weights alone. A section that an ignore pattern names is left out (on load: left as it is); the model's
+    weights that key patterns name are left out of the model's state, which then loads without strictness, as
+    does the optimizer's."""
     chosen = {}
     for name, component in components.items():
         if weights_only and not component.weights and (not saving or component.kind == "sharded"):
             continue
         if ignore and ignore.section(name):
             continue
+        if ignore and isinstance(component.state, (ModelState, OptimizerState)):
+            component = dataclasses.replace(component, state=component.state.leaving_out(ignore))
         chosen[name] = component
     return chosen
 
@@ -78,6 +83,9 @@ class ModelState:
 
     def __init__(self, model: torch.nn.Module, *, strict: bool = True, ignore: Any = None):
         self.model, self.strict, self.ignore = model, strict, ignore
+
+    def leaving_out(self, ignore: Any) -> "ModelState":
+        return ModelState(self.model, strict=self.strict, ignore=ignore)
 
     def state_dict(self) -> dict[str, Any]:
         state = get_model_state_dict(self.model)
@@ -104,11 +112,15 @@ class OptimizerState:
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, strict: bool = True):
         self.model, self.optimizer, self.strict = model, optimizer, strict
 
+    def leaving_out(self, ignore: Any) -> "OptimizerState":
+        return OptimizerState(self.model, self.optimizer, strict=False)  # as the model's, once patterns act
+
     def state_dict(self) -> dict[str, Any]:
         return get_optimizer_state_dict(self.model, self.optimizer)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        set_optimizer_state_dict(self.model, self.optimizer, state, options=StateDictOptions(strict=self.strict))
+        strict = self.strict and not hooks_of(self.model).saves_adapters_only
+        set_optimizer_state_dict(self.model, self.optimizer, state, options=StateDictOptions(strict=strict))
 
 
 class RNGState:
@@ -139,11 +151,10 @@ def weights_of(model: torch.nn.Module, *, strict: bool = True) -> dict[str, Comp
     return {"model": Component("model", ModelState(model, strict=strict), "sharded", weights=True)}
 
 
-def training_components(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, *, strict: bool = True,
-                        ignore: Any = None) -> dict[str, Component]:
+def training_components(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, *,
+                        strict: bool = True) -> dict[str, Component]:
     """Model, optimizer and rng: what every training run checkpoints besides its own time, schedule and data."""
-    components = {"model": Component("model", ModelState(model, strict=strict, ignore=ignore), "sharded",
-                                     weights=True)}
+    components = {"model": Component("model", ModelState(model, strict=strict), "sharded", weights=True)}
     if optimizer is not None:
         components["optimizer"] = Component("optimizer", OptimizerState(model, optimizer, strict=strict), "sharded")
     components["rng"] = Component("rng", RNGState(), "per_rank")

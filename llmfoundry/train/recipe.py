@@ -220,7 +220,8 @@ class TrainConfig:
     )
     save_ignore_keys: list[str] | None = option(
         None, "glob patterns of state left out of saved checkpoints, in Composer's key names: state/model/<param>, "
-        "state/optimizers, state/schedulers, state/timestamp, state/train_dataloader, rng",
+        "state/optimizers, state/schedulers, state/timestamp, state/train_dataloader, rng, "
+        "state/callbacks/<state_name> (a callback's own state)",
         differs="Composer's state names are mapped onto this checkpoint's sections (see the doc)",
     )
     load_ignore_keys: list[str] | None = option(

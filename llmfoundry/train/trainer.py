@@ -195,7 +195,7 @@ class Trainer:
         """Load a checkpoint of ours or Composer's into this run (also the load_checkpoint callback's way in)."""
         self.checkpointer.wait()  # a background save (save_async) in flight finishes first
         ignore = compat.IgnoreKeys(ignore_keys)
-        components = self.checkpoint_components(strict=strict, ignore=ignore)
+        components = self.checkpoint_components(strict=strict)
         composer = composer_checkpoint.find_composer_checkpoint(path)
         if composer is not None:  # a checkpoint written by llm-foundry (Composer)
             composer_checkpoint.load_into_training(
@@ -208,10 +208,10 @@ class Trainer:
         self.restored_from = str(source)
         self._print(f"resumed from {source} at batch {self.time.batch}")
 
-    def checkpoint_components(self, strict: bool = True, ignore: Any = None) -> dict[str, Component]:
+    def checkpoint_components(self, strict: bool = True) -> dict[str, Component]:
         """What a checkpoint of this run holds (train.components): model, optimizer, rng, scheduler, time, the
         train loader's position, and the state of every callback that declares a ``state_name``."""
-        components = training_components(self.model, self.optimizer, strict=strict, ignore=ignore)
+        components = training_components(self.model, self.optimizer, strict=strict)
         components["time"] = Component("time", self.time)
         components["scheduler"] = Component("scheduler", self.scheduler)
         components["dataloader"] = Component("dataloader", self.train_loader)
