@@ -60,7 +60,10 @@ def load_checkpoint_model(path: str | Path, device: str | torch.device = "cpu"):
     path = resolve_checkpoint(path, key="checkpoint")
     cfg = validate(read_checkpoint_config(path), TrainConfig)
     tokenizer_dir = path / "tokenizer"
-    tokenizer = load_saved_tokenizer(tokenizer_dir) if tokenizer_dir.is_dir() else build_recipe_tokenizer(cfg.tokenizer, cfg.max_seq_len)
+    if tokenizer_dir.is_dir():
+        tokenizer = load_saved_tokenizer(tokenizer_dir)
+    else:
+        tokenizer = build_recipe_tokenizer(cfg.tokenizer, cfg.max_seq_len)
     model = build_model(cfg.model, tokenizer)
     if parallel.is_meta(model):  # trained with init_device: meta: storage for the weights the checkpoint fills in
         parallel.allocate_meta(model, "cpu")

@@ -118,13 +118,8 @@ TOP_LEVEL = ("dataloader", "rng")
 
 
 def _slot(small: dict[str, Any], name: str, kind: str) -> dict[str, Any]:
-    """The dict of ``small`` (a rank file's contents) that holds component ``name`` (made when writing)."""
-    return small if name in TOP_LEVEL or kind == "per_rank" else small.setdefault("trainer", {})
-
-
-def _saved(small: dict[str, Any], name: str, kind: str) -> Any:
-    """Component ``name``'s state in a rank file's contents, or None."""
-    return (small if name in TOP_LEVEL or kind == "per_rank" else small.get("trainer") or {}).get(name)
+    """The dict of ``small`` (a rank file's contents, which always has a "trainer" dict) holding component ``name``."""
+    return small if name in TOP_LEVEL or kind == "per_rank" else small.get("trainer", {})
 
 
 def _plain_state(name: str, state: Any) -> Any:
@@ -297,9 +292,9 @@ def load_checkpoint(path: str | Path, components: dict[str, Component], *, weigh
     for name, component in rest.items():
         if component.kind == "per_rank":
             if same_world:
-                states[name] = _saved(per_rank, name, "per_rank")
+                states[name] = _slot(per_rank, name, "per_rank").get(name)
         else:
-            states[name] = _saved(rank0, name, "shared")
+            states[name] = _slot(rank0, name, "shared").get(name)
     return loaded + restore(rest, states)
 
 

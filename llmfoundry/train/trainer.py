@@ -354,7 +354,7 @@ class Trainer:
         # after k - 2 batches and the first value serves two steps; a resumed run restores the same lr.
         self.scheduler.step()
 
-        self.previous_time = TrainTime(**vars(self.time))  # for intervals in tok / sp
+        self.previous_time = TrainTime(**self.time.state_dict())  # for intervals in tok / sp
         self.time.batch += 1
         self.time.batch_in_epoch += 1
         self.time.sample += num_samples * self.data_share.size

@@ -20,8 +20,9 @@ def test_a_new_stateful_callback_is_saved_restored_and_carried_from_two_ranks_to
 
     def recipe(name, **overrides):
         (tmp_path / name).mkdir()
-        return dist_recipe(**{"code_paths": [str(plugin)], "callbacks": {"batch_tally": {"folder": str(tmp_path / name)}},
-                              "save_folder": str(tmp_path / "ckpt"), "save_interval": "4ba", **overrides})
+        tally = {"batch_tally": {"folder": str(tmp_path / name)}}
+        return dist_recipe(**{"code_paths": [str(plugin)], "callbacks": tally, "save_folder": str(tmp_path / "ckpt"),
+                              "save_interval": "4ba", **overrides})
 
     def tally(name):
         return [json.loads(line) for line in (tmp_path / name / "tally.jsonl").read_text().splitlines()]

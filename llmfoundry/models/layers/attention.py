@@ -197,7 +197,8 @@ class Attention(nn.Module):
         if self.qk_ln:
             q, k = self.q_ln(q).to(q.dtype), self.k_ln(k).to(k.dtype)
 
-        # heads from the widths: under tensor parallelism (models/mpt/tensor_parallel.py) a rank holds n_heads / tp of them
+        # heads from the widths: under tensor parallelism (models/mpt/tensor_parallel.py) a rank holds n_heads / tp
+        # of them
         q = q.view(B, T, -1, self.head_dim)
         k = k.view(B, T, -1, self.head_dim)
         v = v.view(B, T, -1, self.head_dim)
