@@ -1,23 +1,20 @@
 """One model of an eval recipe, evaluated: loaded (and sharded with ``fsdp_config``), its eval loaders scored,
 its ICL tasks and gauntlet run, the recipe's callbacks called around it.
 
-Callbacks see an :class:`EvalRun` where a training callback sees the trainer: ``run_name``, ``dist``, ``loggers``,
-``time.batch`` (the model's index, the step its metrics are logged at), ``icl`` (``icl.evaluator.runs``, what
-eval_output_logging reads), ``eval_loaders``, ``model``, ``tokenizer``. Their ``on_eval_start`` and
-``on_eval_end(run, metrics)`` hooks run; the training hooks do not.
+Callbacks see a TrainState, as in training: ``run_name``, ``dist``, ``loggers``, ``time.batch`` (the model's
+index, the step its metrics are logged at), ``icl_evaluator`` (its ``runs``, what eval_output_logging reads),
+``eval_loaders``, ``model``, ``tokenizer``; it cannot save or restore checkpoints. Their ``on_eval_start`` and
+``on_eval_end(state, metrics)`` hooks run; the training hooks do not.
 """
 
 from __future__ import annotations
 
-import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
-from llmfoundry.core import dist
 from llmfoundry.eval.config import EvalConfig
 from llmfoundry.eval.gauntlet import compute_gauntlet
 from llmfoundry.eval.loaders import evaluate_loader
@@ -28,42 +25,17 @@ from llmfoundry.models.hf import HFCausalLM
 from llmfoundry.models.metrics import eval_metric_names
 from llmfoundry.train import parallel
 from llmfoundry.train.builders import build_dataloader
-
-
-@dataclass
-class StepTime:
-    batch: int = 0
-
-
-@dataclass
-class ICLSection:
-    evaluator: ICLEvaluator
+from llmfoundry.train.state import TrainState
 
 
 @dataclass
 class EvalRun:
-    """What callbacks get in place of a trainer while one model of an eval recipe is evaluated."""
+    """One model of an eval recipe: the recipe, its callbacks, and the state they see (a TrainState whose
+    ``time.batch`` is the model's index, the step its metrics are logged at)."""
 
     cfg: EvalConfig
-    run_name: str
-    dist: Any
-    loggers: list
     callbacks: list
-    time: StepTime
-    model: torch.nn.Module | None = None
-    tokenizer: Any = None
-    icl: ICLSection | None = None
-    eval_loaders: list[tuple[str, Any]] = field(default_factory=list)
-    max_batches: int = 0
-
-    @property
-    def device(self) -> torch.device:
-        return self.dist.device
-
-    def _print(self, message: str) -> None:
-        if self.dist.is_main:
-            tqdm.write(message, file=sys.stdout)
-            sys.stdout.flush()
+    state: TrainState
 
 
 def shard_for_eval(model: torch.nn.Module, cfg: EvalConfig, device: torch.device, world_size: int) -> torch.nn.Module:
@@ -81,17 +53,18 @@ def shard_for_eval(model: torch.nn.Module, cfg: EvalConfig, device: torch.device
 
 def evaluate_model(run: EvalRun, spec) -> dict[str, Any]:
     """``{"metrics", "gauntlet", "sample_counts", "seconds"}`` of one ``models`` entry."""
-    cfg, info = run.cfg, run.dist
+    cfg, state = run.cfg, run.state
+    info = state.dist
     start = time.perf_counter()
     sharded = cfg.fsdp_config is not None
     model, tokenizer = load_eval_model(spec, "cpu" if sharded else info.device, max_seq_len=cfg.max_seq_len,
                                        precision=cfg.precision)
     if sharded:
         model = shard_for_eval(model, cfg, info.device, info.world_size)
-    run.model, run.tokenizer = model, tokenizer
-    share = dist.data_share()  # every rank scores its own share (evaluation has no tensor parallelism)
-    run.eval_loaders = [(prefix, build_dataloader(section, tokenizer, cfg.device_eval_batch_size, key, share))
-                        for prefix, key, section in eval_sections(cfg)]
+    state.model, state.tokenizer = model, tokenizer
+    share = state.data_share  # every rank scores its own share (evaluation has no tensor parallelism)
+    state.eval_loaders = [(prefix, build_dataloader(section, tokenizer, cfg.device_eval_batch_size, key, share))
+                          for prefix, key, section in eval_sections(cfg)]
     subset = cfg.eval_subset_num_batches  # as Composer's trainer.eval: -1 keeps icl_subset_num_batches
     evaluator = None
     if cfg.icl_tasks:
@@ -99,24 +72,24 @@ def evaluate_model(run: EvalRun, spec) -> dict[str, Any]:
                                  max_seq_len=cfg.max_seq_len, precision=cfg.precision,
                                  subset_num_batches=subset if subset >= 0 else cfg.icl_subset_num_batches,
                                  verbose=True)
-    run.icl = ICLSection(evaluator) if evaluator is not None else None
+    state.icl_evaluator = evaluator
     for cb in run.callbacks:
-        cb.on_eval_start(run)
+        cb.on_eval_start(state)
     metrics: dict[str, float] = {}
     names = eval_metric_names(spec.model or {})
     # a transformers model is called through hf_causal_lm's wrapper, which keeps packed documents apart
     # (sequence_id), as the trainer's evaluation does
     loader_model = model if hasattr(model, "supports_sequence_id") else HFCausalLM(model).eval()
-    for prefix, loader in run.eval_loaders:
+    for prefix, loader in state.eval_loaders:
         metrics.update(evaluate_loader(loader_model, loader, prefix=prefix, names=names, device=info.device,
                                        precision=cfg.precision, subset_num_batches=subset))
-    if run.eval_loaders:
-        run._print(f"## {spec.model_name}: " + ", ".join(f"{k}: {v:.4f}" for k, v in metrics.items()))
+    if state.eval_loaders:
+        state.print(f"## {spec.model_name}: " + ", ".join(f"{k}: {v:.4f}" for k, v in metrics.items()))
     if evaluator is not None:
         metrics.update(evaluator.evaluate(model, info.device, share))
     gauntlet = compute_gauntlet(metrics, cfg.eval_gauntlet, evaluator.sample_counts()) if cfg.eval_gauntlet else {}
     for cb in run.callbacks:
-        cb.on_eval_end(run, metrics)
+        cb.on_eval_end(state, metrics)
     return {
         "metrics": metrics,
         "gauntlet": gauntlet,

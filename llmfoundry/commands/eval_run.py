@@ -13,10 +13,10 @@ import torch
 import yaml
 
 from llmfoundry import registry
-from llmfoundry.commands.eval_model import EvalRun, StepTime, evaluate_model
+from llmfoundry.commands.eval_model import EvalRun, evaluate_model
 from llmfoundry.core.secrets import mask_secrets
 from llmfoundry.config.validate import to_plain
-from llmfoundry.core.dist import init_distributed
+from llmfoundry.core.dist import data_share, init_distributed
 from llmfoundry.core.notices import notice_once
 from llmfoundry.core.precision import supported_precision
 from llmfoundry.eval.config import EvalConfig
@@ -28,6 +28,7 @@ from llmfoundry.eval.gauntlet import (
 )
 from llmfoundry.eval.icl.data import check_task_files
 from llmfoundry.train.builders import build_named
+from llmfoundry.train.state import TrainState, TrainTime
 
 def build_loggers(cfg: EvalConfig, run_name: str) -> list:
     """The recipe's loggers, built by the trainer's registry builders (rank 0 only)."""
@@ -58,11 +59,13 @@ def run_eval(cfg: EvalConfig) -> dict[str, dict[str, Any]]:
             logger.log_hyperparameters(logged)
     try:
         for step, spec in enumerate(cfg.models):
-            run = EvalRun(cfg, run_name, info, loggers, callbacks, StepTime(step))
+            state = TrainState(run_name=run_name, dist=info, precision=cfg.precision, data_share=data_share(),
+                               loggers=loggers, time=TrainTime(batch=step))
+            run = EvalRun(cfg, callbacks, state)
             results[spec.model_name] = result = evaluate_model(run, spec)
             if info.is_main:
                 _show(spec.model_name, result, step, printed, loggers)
-            run.model = None  # the next model's weights replace these
+            state.model = None  # the next model's weights replace these
     finally:
         for logger in loggers:
             logger.close()

@@ -11,7 +11,7 @@ Ray's run folder (``checkpoints/<name>/llmfoundry_checkpoint.json``) holds where
 reported with ``CheckpointUploadMode.NO_UPLOAD`` (Ray accepts only checkpoints inside its own run folder, so the
 pointer is what goes there). Every ``preemption_check_interval`` batches it also asks Ray for a preemption notice
 (``ray.train.get_preemption_info``, a collective of all workers) and, on the first one, saves a just-in-time
-checkpoint through the preemption stop path's save (train/preemption.save_now) and keeps training, as Ray
+checkpoint (``TrainState.save_now``, the preemption stop path's save) and keeps training, as Ray
 recommends: when the node goes, Ray restarts the group and the trainer resumes from that checkpoint.
 """
 
@@ -23,10 +23,9 @@ import os
 from typing import Any
 
 from llmfoundry.core import dist
-from llmfoundry.core.timeunits import interval_due
-from llmfoundry.train import preemption
 from llmfoundry.train.callbacks.base import Callback
 from llmfoundry.train.recipe import validate_train_config
+from llmfoundry.train.state import TrainState
 from llmfoundry.train.trainer import Trainer
 
 POINTER_FILE = "llmfoundry_checkpoint.json"  # in each checkpoint folder Ray's Result knows
@@ -48,10 +47,10 @@ def train_worker(config: dict[str, Any]) -> None:
     trainer.fit()
 
 
-def _plain_metrics(trainer, metrics: dict[str, float]) -> dict[str, float]:
+def _plain_metrics(state: TrainState, metrics: dict[str, float]) -> dict[str, float]:
     report = {k: float(v) for k, v in metrics.items() if k.startswith(("loss/", "metrics/"))}
-    report.update({"epoch": trainer.time.epoch, "batch": trainer.time.batch, "sample": trainer.time.sample,
-                   "token": trainer.time.token})
+    report.update({"epoch": state.time.epoch, "batch": state.time.batch, "sample": state.time.sample,
+                   "token": state.time.token})
     return report
 
 
@@ -62,34 +61,30 @@ class RayReport(Callback):
         self.last_metrics: dict[str, float] = {}
         self.preempted = False
 
-    def on_batch_end(self, trainer, metrics: dict[str, float]) -> None:
+    def on_batch_end(self, state: TrainState, metrics: dict[str, float]) -> None:
         import ray.train
 
-        self.last_metrics = _plain_metrics(trainer, metrics)
-        if self.preempted or trainer.time.batch % trainer.preemption.check_interval:
+        self.last_metrics = _plain_metrics(state, metrics)
+        if self.preempted or state.time.batch % state.preemption.check_interval:
             return
         info = ray.train.get_preemption_info()  # the same answer on every rank (rank 0's)
         if info is None:
             return
         self.preempted = True
-        # the trainer saves this batch by itself when save_interval is due or training ends here
-        due = bool(trainer.cfg.save_folder) and (
-            trainer.time.batch >= trainer.max_batches
-            or interval_due(trainer.save_every, trainer.save_counted, trainer.previous_time, trainer.time))
-        trainer._print(f"Ray: preemption notice for ranks {info.preempted_ranks}; just-in-time checkpoint at "
-                       f"batch {trainer.time.batch}")
-        preemption.save_now(trainer, saved=due)
+        state.print(f"Ray: preemption notice for ranks {info.preempted_ranks}; just-in-time checkpoint at "
+                    f"batch {state.time.batch}")
+        state.save_now()  # (unless the trainer saves this batch anyway: save_interval, or the end of training)
 
-    def on_checkpoint_saved(self, trainer, path: str) -> None:
+    def on_checkpoint_saved(self, state: TrainState, path: str) -> None:
         import ray.train
 
         name = path.rstrip("/").rsplit("/", 1)[-1]
         checkpoint = None
-        if trainer.dist.is_main:
-            checkpoint = self._pointer(name, {"path": str(path), "epoch": trainer.time.epoch,
-                                              "batch": trainer.time.batch, "run_name": trainer.run_name,
+        if state.dist.is_main:
+            checkpoint = self._pointer(name, {"path": str(path), "epoch": state.time.epoch,
+                                              "batch": state.time.batch, "run_name": state.run_name,
                                               "complete_when": "save_folder/latest names it (s3://: once uploaded)"})
-        ray.train.report(dict(self.last_metrics, batch=trainer.time.batch), checkpoint=checkpoint,
+        ray.train.report(dict(self.last_metrics, batch=state.time.batch), checkpoint=checkpoint,
                          checkpoint_dir_name=name,
                          checkpoint_upload_mode=ray.train.CheckpointUploadMode.NO_UPLOAD)
 

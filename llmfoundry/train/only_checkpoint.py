@@ -14,9 +14,9 @@ def write_only_checkpoint(trainer: Any) -> None:
     cfg = trainer.cfg
     if cfg.only_hf_checkpoint:
         exporter = next(cb for cb in trainer.callbacks if isinstance(cb, HFCheckpointer))
-        exporter.export(trainer)
+        exporter.export(trainer.state)
     else:
         trainer.save()
-        trainer.checkpointer.finish(cfg.checkpoint_upload.wait_at_end_s)
+        trainer.finish_uploads()
     for logger in trainer.loggers:
         logger.close()

@@ -124,7 +124,7 @@ def save_now(trainer, saved: bool) -> None:
         trainer.save()
     elif not trainer.cfg.save_folder:
         log.warning("preemption without a save_folder: batches since the start are lost")
-    uploaded = trainer.checkpointer.finish(trainer.cfg.checkpoint_upload.wait_at_end_s)
+    uploaded = trainer.finish_uploads()
     if not uploaded:
         log.error("some checkpoint uploads to %s did not complete before the preemption", trainer.cfg.save_folder)
 
@@ -134,7 +134,7 @@ def stop_for_preemption(trainer, reason: str, saved: bool) -> None:
     preemption = trainer.preemption
     code = preemption.exit_code(reason)
     save_now(trainer, saved)
-    trainer._print(f"preempted ({reason}) after batch {trainer.time.batch}: checkpoint saved, exiting with {code}")
+    trainer.state.print(f"preempted ({reason}) after batch {trainer.time.batch}: checkpoint saved, exiting with {code}")
     for logger in trainer.loggers:
         logger.close()
     preemption.uninstall()

@@ -21,7 +21,7 @@ from llmfoundry.core.secrets import mask_secrets
 from llmfoundry.core import dist, precision
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.core.notices import notice_once
-from llmfoundry.core.timeunits import Rates, Time, counted, counted_interval, estimated_last_batch, interval_due
+from llmfoundry.core.timeunits import Time, estimated_last_batch, interval_due
 from llmfoundry.data.batches import count_batch_tokens
 from llmfoundry.data.prep.quickstart import prepare
 from llmfoundry.data.text import check_token_ids
@@ -43,10 +43,11 @@ from llmfoundry.train.callbacks.torch_profiler import TorchProfiler
 from llmfoundry.train.components import Component, training_components
 from llmfoundry.train.errors import TrainingStopped
 from llmfoundry.train.icl import TrainingICL, icl_subset
+from llmfoundry.train.intervals import loader_length, run_intervals
 from llmfoundry.train.only_checkpoint import write_only_checkpoint
 from llmfoundry.train.recipe import TrainConfig, to_plain
 from llmfoundry.train.run_name import resolve_run_name
-from llmfoundry.train.state import EvalHistory, TrainTime
+from llmfoundry.train.state import EvalHistory, TrainState, TrainTime
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,6 @@ class Trainer:
                                                     overwrite=cfg.save_overwrite, save_async=cfg.save_async)
         self.preemption = preemption.Preemption(  # stop cleanly when asked to
             cfg.preemption_signal, cfg.preemption_check_interval, cfg.exit_before_walltime, self.device)
-        self.batch: dict[str, torch.Tensor] | None = None  # the device batch being trained on (for callbacks)
 
         self.train_loader = build_dataloader(cfg.train_loader, self.tokenizer, self.device_batch_size, "train_loader",
                                          self.data_share)
@@ -126,11 +126,19 @@ class Trainer:
         ) if cfg.icl_tasks else None
         self.can_evaluate = bool(self.eval_loaders) or self.icl is not None
         self.last_icl_metrics: dict[str, float] = {}
-        self.rates = self._rates()
+        self.intervals = run_intervals(cfg, loader_length(self.train_loader))
+        self.rates = self.intervals.rates
         self.schedule = build_schedule(cfg.scheduler, self.rates)
         # Composer's timing: the schedule reads the trainer's time, not LambdaLR's step count (see train_step)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: self.schedule(self.time))
-        self.restored_from: str | None = None  # the checkpoint this run started from
+        self.state = TrainState(  # what callbacks receive; they act on the run through its methods (services)
+            run_name=self.run_name, dist=self.dist, precision=cfg.precision, data_share=self.data_share,
+            model=self.model, tokenizer=self.tokenizer, loggers=self.loggers, optimizer=self.optimizer,
+            optimizer_name=cfg.optimizer.name, scheduler=self.scheduler, rates=self.rates,
+            eval_loaders=self.eval_loaders, icl_evaluator=self.icl.evaluator if self.icl else None,
+            model_section=cfg.model, save_folder=cfg.save_folder, checkpoint_upload=cfg.checkpoint_upload,
+            preemption=self.preemption, log_to_console=cfg.log_to_console, time=self.time, services=self)
+        self.state.end_at(self.rates.max_duration_batches)
         self.checkpoint_components()  # a callback's state_name that clashes is refused before training
         self._resume()
         self.checkpointer.check_can_write(resuming=self.time.batch > 0)
@@ -141,41 +149,6 @@ class Trainer:
             prepare(self.cfg.prepare_data)
         dist.barrier()
 
-    def _rates(self) -> Rates:
-        cfg = self.cfg
-        try:
-            batches_per_epoch = len(self.train_loader)
-        except TypeError:
-            batches_per_epoch = None
-        if batches_per_epoch is not None and cfg.train_subset_num_batches > 0:  # epochs end after this many batches
-            batches_per_epoch = min(batches_per_epoch, cfg.train_subset_num_batches)
-        if batches_per_epoch == 0:
-            raise ConfigError(f"train_loader: the dataset has fewer samples than one batch "
-                              f"({cfg.global_train_batch_size}); add data or lower global_train_batch_size")
-        base = Rates(batches_per_epoch, cfg.global_train_batch_size, cfg.global_train_batch_size * cfg.max_seq_len)
-        try:
-            total = base.to_batches(cfg.max_duration, "max_duration")
-            rates = Rates(base.batches_per_epoch, base.samples_per_batch, base.tokens_per_batch, total,
-                          Time.parse(cfg.max_duration))
-            self.max_batches = total
-            self.eval_every = rates.to_batches(cfg.eval_interval, "eval_interval")
-            self.save_every = rates.to_batches(cfg.save_interval, "save_interval")
-            self.log_every = max(1, rates.to_batches(cfg.console_log_interval, "console_log_interval"))
-            self.counted_end = counted(cfg.max_duration)  # tok / sp: compared with what was trained (core/timeunits)
-            intervals = (cfg.eval_interval, cfg.save_interval, cfg.console_log_interval)  # (max_batches: an estimate)
-            self.eval_counted, self.save_counted, self.log_counted = (counted_interval(i, cfg.max_duration)
-                                                                      for i in intervals)
-        except ValueError as error:
-            raise ConfigError(str(error)) from None
-        # eval_interval 0 (0ba, 0ep, ...) turns evaluation off, also at the end of training, as in Composer
-        # (eval_first still evaluates before the first batch); 0dur stays an error (Composer fails on it too)
-        interval = Time.parse(cfg.eval_interval)
-        self.periodic_eval = not (interval.value == 0 and interval.unit != "dur")
-        for key, every in (("eval_interval", self.eval_every), ("save_interval", self.save_every)):
-            if every < 1 and (key != "eval_interval" or self.periodic_eval):
-                raise ConfigError(f"{key}: must be at least one batch, got '{getattr(cfg, key)}'")
-        return rates
-
     def _resume(self) -> None:
         cfg = self.cfg
         path = None
@@ -184,15 +157,17 @@ class Trainer:
             latest = self.checkpointer.latest() or self.checkpointer.latest_composer()
             if latest is not None:
                 path, weights_only = latest, False
-        if path is None and cfg.load_path:
-            staging = checkpointer.remote_staging(cfg.load_path, cfg.checkpoint_upload)
-            path = checkpointer.resolve_load_path(cfg.load_path, staging)
-        if path is None:
-            return
-        self.restore(path, weights_only, cfg.load_strict_model_weights, cfg.load_ignore_keys)
+        if path is not None:
+            self._restore(path, weights_only, cfg.load_strict_model_weights, cfg.load_ignore_keys)
+        elif cfg.load_path:
+            self.restore(cfg.load_path, weights_only, cfg.load_strict_model_weights, cfg.load_ignore_keys)
 
-    def restore(self, path: str, weights_only: bool, strict: bool, ignore_keys: list[str] | None) -> None:
-        """Load a checkpoint of ours or Composer's into this run (also the load_checkpoint callback's way in)."""
+    def restore(self, load_path: str, weights_only: bool, strict: bool, ignore_keys: list[str] | None) -> None:
+        """Load a checkpoint of ours or Composer's, named as load_path names one, into this run (RunServices)."""
+        staging = checkpointer.remote_staging(load_path, self.cfg.checkpoint_upload)
+        self._restore(checkpointer.resolve_load_path(load_path, staging), weights_only, strict, ignore_keys)
+
+    def _restore(self, path: str, weights_only: bool, strict: bool, ignore_keys: list[str] | None) -> None:
         self.checkpointer.wait()  # a background save (save_async) in flight finishes first
         ignore = compat.IgnoreKeys(ignore_keys)
         components = self.checkpoint_components(strict=strict)
@@ -205,8 +180,8 @@ class Trainer:
         else:
             checkpoint.load_checkpoint(path, components, weights_only=weights_only, strict=strict, ignore=ignore)
         source = composer if composer is not None else checkpoint.resolve_checkpoint(path)
-        self.restored_from = str(source)
-        self._print(f"resumed from {source} at batch {self.time.batch}")
+        self.state.restored_from = str(source)
+        self.state.print(f"resumed from {source} at batch {self.time.batch}")
 
     def checkpoint_components(self, strict: bool = True) -> dict[str, Component]:
         """What a checkpoint of this run holds (train.components): model, optimizer, rng, scheduler, time, the
@@ -233,14 +208,14 @@ class Trainer:
             for logger in self.loggers:
                 logger.log_hyperparameters(self.logged_config)
         for cb in self.callbacks:
-            cb.on_fit_start(self)
+            cb.on_fit_start(self.state)
         self._estimate_end()  # a resumed run: from the counts it trained
         bar = tqdm(total=self.max_batches, initial=self.time.batch, unit="ba", desc="train", dynamic_ncols=True,
                    disable=not (cfg.progress_bar and self.dist.is_main and sys.stderr.isatty()))
         last_metrics: dict[str, float] = {}
-        last_eval_batch = last_save_batch = -1
-        if self.time.batch > 0:  # resumed: the checkpoint we started from is this batch's
-            last_save_batch = self.time.batch
+        last_eval_batch = -1
+        # the batch of the newest checkpoint (save() sets it): a resumed run's is the one it started from
+        self.saved_batch = self.time.batch if self.time.batch > 0 else -1
         if cfg.eval_first and self.time.batch == 0 and self.can_evaluate:
             last_metrics.update(self.evaluate())
             last_eval_batch = 0
@@ -253,16 +228,16 @@ class Trainer:
                 bar.update(1)
                 bar.set_postfix(loss=f"{metrics['loss/train/total']:.4f}")
                 step = self.time.batch
-                if self.can_evaluate and self.periodic_eval and self._due(self.eval_every, self.eval_counted):
+                if self.can_evaluate and self.intervals.periodic_eval and self._due_eval():
                     metrics.update(self.evaluate(log=False))
                     last_eval_batch = step
-                self._log(metrics, console=self._due(self.log_every, self.log_counted) or step == self.max_batches)
+                self._log(metrics, console=self._due(self.intervals.log_every, self.intervals.log_counted)
+                          or step == self.max_batches)
                 last_metrics.update(metrics)
-                if cfg.save_folder and self._due(self.save_every, self.save_counted):
+                if self._due_save() and self.saved_batch != step:  # (a callback may have saved this batch)
                     self.save()
-                    last_save_batch = step
                 if (reason := self.preemption.should_stop(step)) is not None and step < self.max_batches:
-                    preemption.stop_for_preemption(self, reason, saved=last_save_batch == step)  # exits
+                    preemption.stop_for_preemption(self, reason, saved=self.saved_batch == step)  # exits
                 if step >= self.max_batches:
                     break
                 if 0 < cfg.train_subset_num_batches <= self.time.batch_in_epoch:  # the epoch ends here
@@ -276,13 +251,13 @@ class Trainer:
                 raise ConfigError("train_loader: yielded no batches (is the dataset smaller than one batch?)")
         bar.close()
         self.preemption.uninstall()
-        if self.can_evaluate and self.periodic_eval and last_eval_batch != self.time.batch:
+        if self.can_evaluate and self.intervals.periodic_eval and last_eval_batch != self.time.batch:
             last_metrics.update(self.evaluate())
-        if cfg.save_folder and last_save_batch != self.time.batch:
+        if cfg.save_folder and self.saved_batch != self.time.batch:
             self.save()
-        uploaded = self.checkpointer.finish(cfg.checkpoint_upload.wait_at_end_s)
+        uploaded = self.finish_uploads()
         for cb in self.callbacks:
-            cb.on_fit_end(self)
+            cb.on_fit_end(self.state)
         self._summary()
         for logger in self.loggers:
             logger.close()
@@ -293,9 +268,10 @@ class Trainer:
     def train_step(self, device_batch: dict[str, torch.Tensor]) -> dict[str, float]:
         self._check_token_ids(device_batch)  # on the loader's CPU tensors: no device sync
         device_batch = {k: v.to(self.device, non_blocking=True) for k, v in device_batch.items()}
-        self.batch = device_batch
+        self.state.batch = device_batch
+        self.state.metrics = metrics = {}
         for cb in self.callbacks:
-            cb.on_batch_start(self)
+            cb.on_batch_start(self.state)
         self.parallel_model.train()
         num_samples = device_batch["input_ids"].size(0)
         targets = dist.all_reduce_sum(self.loss.targets(device_batch["labels"]).float())
@@ -305,7 +281,7 @@ class Trainer:
         while True:
             self.train_metrics.reset()
             try:
-                loss_sum = self._forward_backward(device_batch, targets)
+                loss_sum, aux = self._forward_backward(device_batch, targets)
                 oom = False
             except torch.cuda.OutOfMemoryError:
                 if not self.auto_microbatch:
@@ -325,11 +301,10 @@ class Trainer:
             self.microbatch_size = max(1, self.microbatch_size // 2)
             log.warning("out of memory: device_train_microbatch_size is now %d", self.microbatch_size)
         loss = float(dist.all_reduce_sum(loss_sum) / targets.clamp(min=1))
-        aux = self._aux_sum  # an MoE's weighted load-balancing loss, logged as llm-foundry does (loss/train/lbl)
+        # an MoE's weighted load-balancing loss, logged as llm-foundry does (loss/train/lbl)
         aux = float(dist.all_reduce_sum(aux) / targets.clamp(min=1)) if aux is not None else None
 
-        metrics: dict[str, float] = {}
-        skip = any(cb.should_skip_step(self, loss) for cb in self.callbacks)
+        skip = any(cb.should_skip_step(self.state, loss) for cb in self.callbacks)
         if skip:
             self.optimizer.zero_grad(set_to_none=True)
             metrics["train/skipped_step"] = 1.0
@@ -348,7 +323,7 @@ class Trainer:
             else:
                 self.optimizer.step()
             for cb in self.callbacks:
-                cb.on_optimizer_step(self, metrics)
+                cb.on_optimizer_step(self.state, metrics)
             self.optimizer.zero_grad(set_to_none=True)
         # As Composer does: the schedule is evaluated before the time advances, so step k >= 2 uses its value
         # after k - 2 batches and the first value serves two steps; a resumed run restores the same lr.
@@ -369,16 +344,18 @@ class Trainer:
         metrics.update(self.time.as_metrics())
         metrics.update(self.checkpointer.metrics())
         for cb in self.callbacks:
-            cb.on_batch_end(self, metrics)
+            cb.on_batch_end(self.state, metrics)
         return metrics
 
-    def _forward_backward(self, device_batch: dict[str, torch.Tensor], targets: torch.Tensor) -> torch.Tensor:
-        """Accumulate the gradients of one device batch in microbatches; returns the summed (local) loss."""
+    def _forward_backward(self, device_batch: dict[str, torch.Tensor],
+                          targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Accumulate the gradients of one device batch in microbatches; returns the summed (local) loss and the
+        summed auxiliary (load-balancing) loss it includes, None for a model without one."""
         cfg = self.cfg
         torch.manual_seed(cfg.seed + self.time.batch * self.data_share.size + self.data_share.rank)  # dropout RNG, alike in TP groups
         num_samples = device_batch["input_ids"].size(0)
         loss_sum = torch.zeros((), device=self.device)
-        self._aux_sum = None
+        aux_sum = None
         starts = list(range(0, num_samples, self.microbatch_size))
         for i, start in enumerate(starts):
             micro = {k: v[start:start + self.microbatch_size] for k, v in device_batch.items()}
@@ -396,14 +373,14 @@ class Trainer:
                 aux = aux_loss_sum(output, micro["labels"], self.loss, cfg.accumulate_train_batch_on_tokens)
                 if aux is not None:  # llm-foundry's total: each microbatch's mean loss + moe_loss_weight * lbl
                     micro_loss = micro_loss + aux
-                    self._aux_sum = aux.detach() if self._aux_sum is None else self._aux_sum + aux.detach()
+                    aux_sum = aux.detach() if aux_sum is None else aux_sum + aux.detach()
                 # Normalise by the tokens of the whole global batch; DDP/FSDP average over ranks, so undo that.
                 scaled = micro_loss * self.dist.world_size / targets.clamp(min=1)
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             for cb in self.callbacks:
-                cb.on_after_backward(self, micro, logits)
+                cb.on_after_backward(self.state, micro, logits)
             loss_sum += micro_loss.detach()
-        return loss_sum
+        return loss_sum, aux_sum
 
     def _model_inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return model_inputs(batch, self.model.supports_sequence_id)
@@ -417,16 +394,16 @@ class Trainer:
         """Loss and perplexity over the eval loader, then the ICL tasks and gauntlet, when configured."""
         metrics: dict[str, float] = {}
         for cb in self.callbacks:
-            cb.on_eval_start(self)
+            cb.on_eval_start(self.state)
         for prefix, loader in self.eval_loaders:
             metrics.update(self._eval_loss(prefix, loader))
         if self.icl is not None:
             self.last_icl_metrics = self.icl.evaluate(self.model, self.device, self.data_share)
             metrics.update(self.last_icl_metrics)
             shown = ", ".join(f"{k.removeprefix('icl/')}: {v:.3f}" for k, v in self.last_icl_metrics.items())
-            self._print(f"[icl] batch {self.time.batch}: {shown}")
+            self.state.print(f"[icl] batch {self.time.batch}: {shown}")
         for cb in self.callbacks:
-            cb.on_eval_end(self, metrics)
+            cb.on_eval_end(self.state, metrics)
         if log:
             self._log(metrics, console=False)
         return metrics
@@ -440,29 +417,41 @@ class Trainer:
         loss = metrics[f"{prefix}/LanguageCrossEntropy"]
         if prefix == self.eval_loaders[0][0]:  # the first loader's losses make the summary
             self.history.losses.append((self.time.batch, loss))
-        self._print(f"[{prefix.removeprefix('metrics/')}] batch {self.time.batch}: loss {loss:.4f}, perplexity "
+        self.state.print(f"[{prefix.removeprefix('metrics/')}] batch {self.time.batch}: loss {loss:.4f}, perplexity "
                     f"{metrics[f'{prefix}/LanguagePerplexity']:.2f}")
         return metrics
 
     # ----- max_duration, eval_interval and save_interval in tok / sp (counted as Composer counts them) -----
+    @property
+    def max_batches(self) -> int:
+        return self.state.max_batches
+
     def _estimate_end(self) -> None:
-        if self.counted_end is not None:
-            nominal = self.rates.tokens_per_batch if self.counted_end.unit == "tok" else self.rates.samples_per_batch
-            self.max_batches = estimated_last_batch(self.counted_end, self.time, nominal)
+        end = self.intervals.counted_end
+        if end is not None:
+            nominal = self.rates.tokens_per_batch if end.unit == "tok" else self.rates.samples_per_batch
+            self.state.end_at(estimated_last_batch(end, self.time, nominal))
 
     def _due(self, every_batches: int, interval: Time | None) -> bool:
         return interval_due(every_batches, interval, self.previous_time, self.time)
 
+    def _due_eval(self) -> bool:
+        return self._due(self.intervals.eval_every, self.intervals.eval_counted)
+
+    def _due_save(self) -> bool:
+        return bool(self.cfg.save_folder) and self._due(self.intervals.save_every, self.intervals.save_counted)
+
     # ----- checkpoints and logging -----
     def save(self) -> str:
         name = checkpoint.checkpoint_name(self.time.epoch, self.time.batch)
+        self.saved_batch = self.time.batch
         path = self.checkpointer.save(
             name, self.checkpoint_components(), config=self.config_plain, tokenizer=self.tokenizer,
             weights_only=self.cfg.save_weights_only, ignore=compat.IgnoreKeys(self.cfg.save_ignore_keys),
             full_weights=self.cfg.fsdp_config is not None and self.cfg.fsdp_config.state_dict_type == "full")
-        self._print(f"saved checkpoint {path}{self.checkpointer.note}")
+        self.state.print(f"saved checkpoint {path}{self.checkpointer.note}")
         for cb in self.callbacks:
-            cb.on_checkpoint_saved(self, str(path))
+            cb.on_checkpoint_saved(self.state, str(path))
         epoch, batch = self.time.epoch, self.time.batch  # loggers (artifacts) see the checkpoint once it is written
         self.checkpointer.when_written(lambda: [lg.log_checkpoint(str(path), epoch, batch) for lg in self.loggers])
         return path
@@ -473,17 +462,20 @@ class Trainer:
         if console and self.cfg.log_to_console:
             shown = {k: v for k, v in metrics.items() if not k.startswith("time/")}
             text = ", ".join(f"{k}: {v:.4g}" for k, v in shown.items())
-            self._print(f"[batch {self.time.batch}/{self.max_batches}] {text}")
+            self.state.print(f"[batch {self.time.batch}/{self.max_batches}] {text}")
 
-    def _print(self, message: str) -> None:
-        if self.dist.is_main and self.cfg.log_to_console:
-            tqdm.write(message, file=sys.stdout)
-            sys.stdout.flush()
+    def save_now(self) -> None:
+        """A just-in-time checkpoint (RunServices): unless this batch is saved anyway, at an interval or the end."""
+        at_end = bool(self.cfg.save_folder) and self.time.batch >= self.max_batches
+        preemption.save_now(self, saved=self.saved_batch == self.time.batch or self._due_save() or at_end)
+
+    def finish_uploads(self) -> bool:
+        return self.checkpointer.finish(self.cfg.checkpoint_upload.wait_at_end_s)
 
     def _summary(self) -> None:
         if len(self.history.losses) >= 2:
             (b0, first), (b1, last) = self.history.losses[0], self.history.losses[-1]
-            self._print(f"eval loss: {first:.4f} (batch {b0}) -> {last:.4f} (batch {b1}), "
+            self.state.print(f"eval loss: {first:.4f} (batch {b0}) -> {last:.4f} (batch {b1}), "
                         f"ratio {last / first:.3f}")
         if self.icl is not None and self.last_icl_metrics:
-            self._print(self.icl.tables(self.last_icl_metrics, self.run_name))
+            self.state.print(self.icl.tables(self.last_icl_metrics, self.run_name))

@@ -14,6 +14,7 @@ import torch
 from llmfoundry.config.fields import option
 from llmfoundry.registry import callbacks
 from llmfoundry.train.callbacks.base import Callback
+from llmfoundry.train.state import TrainState
 
 
 @dataclass
@@ -29,13 +30,13 @@ class BatchTally(Callback):
         self.batches = 0
         self.loss_sum = torch.zeros((), dtype=torch.float64)
 
-    def on_batch_end(self, trainer, metrics):
+    def on_batch_end(self, state: TrainState, metrics):
         self.batches += 1
         self.loss_sum += metrics["loss/train/total"]
-        if trainer.dist.rank == 0:
+        if state.dist.rank == 0:
             with open(Path(self.folder) / "tally.jsonl", "a") as f:
-                f.write(json.dumps({"batch": trainer.time.batch, "tally": self.batches,
-                                    "loss_sum": float(self.loss_sum), "world_size": trainer.dist.world_size}) + "\n")
+                f.write(json.dumps({"batch": state.time.batch, "tally": self.batches,
+                                    "loss_sum": float(self.loss_sum), "world_size": state.dist.world_size}) + "\n")
 
     def state_dict(self) -> dict:
         return {"batches": self.batches, "loss_sum": self.loss_sum.clone()}

@@ -19,6 +19,7 @@ from pathlib import Path
 from llmfoundry.config.fields import option
 from llmfoundry.registry import callbacks
 from llmfoundry.train.callbacks.base import Callback
+from llmfoundry.train.state import TrainState
 
 
 @dataclass
@@ -30,11 +31,11 @@ class RecordSamples(Callback):
     def __init__(self, settings: RecordSamplesSettings):
         self.folder = settings.folder
 
-    def on_batch_start(self, trainer):
-        rows = [hashlib.sha1(r.numpy().tobytes()).hexdigest()[:16] for r in trainer.batch["input_ids"].cpu()]
-        path = f"{self.folder}/samples-{trainer.dist.world_size}x-rank{trainer.dist.rank}.jsonl"
+    def on_batch_start(self, state: TrainState):
+        rows = [hashlib.sha1(r.numpy().tobytes()).hexdigest()[:16] for r in state.batch["input_ids"].cpu()]
+        path = f"{self.folder}/samples-{state.dist.world_size}x-rank{state.dist.rank}.jsonl"
         with open(path, "a") as f:
-            f.write(json.dumps({"rank": trainer.dist.rank, "batch": trainer.time.batch + 1, "rows": rows}) + "\n")
+            f.write(json.dumps({"rank": state.dist.rank, "batch": state.time.batch + 1, "rows": rows}) + "\n")
 
 
 callbacks.register("record_samples", config=RecordSamplesSettings)(lambda s: RecordSamples(s))
@@ -44,9 +45,9 @@ class RecordShapes(Callback):
     def __init__(self, settings: RecordSamplesSettings):
         self.folder = settings.folder
 
-    def on_fit_start(self, trainer):
-        shapes = {name: list(getattr(p, "_local_tensor", p).shape) for name, p in trainer.model.named_parameters()}
-        with open(f"{self.folder}/shapes-rank{trainer.dist.rank}.json", "w") as f:
+    def on_fit_start(self, state: TrainState):
+        shapes = {name: list(getattr(p, "_local_tensor", p).shape) for name, p in state.model.named_parameters()}
+        with open(f"{self.folder}/shapes-rank{state.dist.rank}.json", "w") as f:
             json.dump(shapes, f)
 
 
@@ -70,17 +71,17 @@ class Hold(Callback):
     def __init__(self, settings: HoldSettings):
         self.settings = settings
 
-    def on_batch_end(self, trainer, metrics):
+    def on_batch_end(self, state: TrainState, metrics):
         s = self.settings
-        marker = Path(s.folder, f"held-b{s.batch}-rank{trainer.dist.rank}")
-        if trainer.time.batch != s.batch or marker.exists():
+        marker = Path(s.folder, f"held-b{s.batch}-rank{state.dist.rank}")
+        if state.time.batch != s.batch or marker.exists():
             return
         marker.touch()
         deadline = time.monotonic() + 600  # a test that failed before releasing must not leave jobs behind
         # a signal (scancel, a requeue signal, torchrun stopping the group) ends the hold too: what the rank does on
         # it is what the test is about
         release = Path(s.folder, f"release-b{s.batch}")
-        while not (s.release and release.exists()) and not trainer.preemption.signalled:
+        while not (s.release and release.exists()) and not state.preemption.signalled:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"hold: not released within 600 s of batch {s.batch}")
             time.sleep(0.05)
@@ -110,11 +111,11 @@ class RecordLR(Callback):
     def __init__(self, settings: RecordSamplesSettings):
         self.folder = settings.folder
 
-    def on_batch_start(self, trainer):
-        if trainer.dist.rank == 0:
+    def on_batch_start(self, state: TrainState):
+        if state.dist.rank == 0:
             with open(f"{self.folder}/lr-rank0.jsonl", "a") as f:
-                lr = trainer.optimizer.param_groups[0]["lr"]
-                f.write(json.dumps({"batch": trainer.time.batch + 1, "lr": float(lr)}) + "\n")
+                lr = state.optimizer.param_groups[0]["lr"]
+                f.write(json.dumps({"batch": state.time.batch + 1, "lr": float(lr)}) + "\n")
 
 
 callbacks.register("record_lr", config=RecordSamplesSettings)(lambda s: RecordLR(s))
@@ -132,8 +133,8 @@ class PrintEnvHash(Callback):
     def __init__(self, settings: EnvHashSettings):
         self.name = settings.name
 
-    def on_fit_start(self, trainer):
-        if trainer.dist.rank == 0:
+    def on_fit_start(self, state: TrainState):
+        if state.dist.rank == 0:
             digest = hashlib.sha256(os.environ.get(self.name, "").encode()).hexdigest()
             print(f"{self.name} sha256 {digest}", flush=True)
 

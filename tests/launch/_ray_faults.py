@@ -10,6 +10,7 @@ from pathlib import Path
 from llmfoundry.config.fields import option
 from llmfoundry.registry import callbacks
 from llmfoundry.train.callbacks.base import Callback
+from llmfoundry.train.state import TrainState
 
 
 @dataclass
@@ -23,9 +24,9 @@ class ExitOnce(Callback):
     def __init__(self, settings: ExitOnceSettings):
         self.settings = settings
 
-    def on_batch_end(self, trainer, metrics):
+    def on_batch_end(self, state: TrainState, metrics):
         s = self.settings
-        if trainer.dist.rank == s.rank and trainer.time.batch == s.batch and not os.path.exists(s.marker):
+        if state.dist.rank == s.rank and state.time.batch == s.batch and not os.path.exists(s.marker):
             Path(s.marker).write_text(f"rank {s.rank} exited after batch {s.batch}\n")
             os._exit(1)
 
@@ -44,10 +45,10 @@ class Where(Callback):
     def __init__(self, settings: WhereSettings):
         self.folder = settings.folder
 
-    def on_fit_start(self, trainer):
+    def on_fit_start(self, state: TrainState):
         import ray
 
-        Path(self.folder, f"node-rank{trainer.dist.rank}.txt").write_text(ray.get_runtime_context().get_node_id())
+        Path(self.folder, f"node-rank{state.dist.rank}.txt").write_text(ray.get_runtime_context().get_node_id())
 
 
 callbacks.register("where", config=WhereSettings)(lambda s: Where(s))

@@ -64,25 +64,27 @@ class Outage(Callback):
     """Stops the S3 server right after the ``at_save``-th checkpoint is handed to the uploader (in the background:
     training goes on) or, with ``after_batch``, at the end of that batch once every earlier upload has finished (so
     exactly the later checkpoints meet the dead store, however slow the machine). It restarts the server ``seconds``
-    after stopping it, or (``seconds=None``) when the test calls ``restart()``."""
+    after stopping it, or (``seconds=None``) when the test calls ``restart()``. ``uploads`` (with ``after_batch``) is
+    the trainer's checkpoint uploader."""
 
-    def __init__(self, server, seconds: float | None, at_save: int = 1, after_batch: int | None = None):
+    def __init__(self, server, seconds: float | None, at_save: int = 1, after_batch: int | None = None, uploads=None):
         self.server, self.seconds, self.at_save, self.after_batch = server, seconds, at_save, after_batch
+        self.uploads = uploads
         self.stopped_at = self.restarted_at = None
         self.batch_times: dict[int, float] = {}
         self.saves = 0
 
-    def on_checkpoint_saved(self, trainer, path):
+    def on_checkpoint_saved(self, state, path):
         self.saves += 1
         if self.after_batch is None and self.stopped_at is None and self.saves == self.at_save:
             self.stopped_at = time.monotonic()
             threading.Thread(target=self.server.stop).start()  # stopping takes a moment; training goes on
             self._restart_later()
 
-    def on_batch_end(self, trainer, metrics):
-        self.batch_times[trainer.time.batch] = time.monotonic()
-        if trainer.time.batch == self.after_batch:
-            assert trainer.checkpointer.uploader.wait(60), "an earlier upload did not finish before the outage"
+    def on_batch_end(self, state, metrics):
+        self.batch_times[state.time.batch] = time.monotonic()
+        if state.time.batch == self.after_batch:
+            assert self.uploads.wait(60), "an earlier upload did not finish before the outage"
             self.server.stop()
             self.stopped_at = time.monotonic()
             self._restart_later()
@@ -140,7 +142,8 @@ def test_an_outage_longer_than_the_upload_budget_is_a_one_line_error_and_the_run
                                        "timeout_s": 2}, **extra))
 
     trainer = run()
-    outage = Outage(moto_s3, None, after_batch=3)  # ep0-ba2 is up; ep0-ba4 and ep0-ba6 meet a dead store
+    # ep0-ba2 is up; ep0-ba4 and ep0-ba6 meet a dead store
+    outage = Outage(moto_s3, None, after_batch=3, uploads=trainer.checkpointer.uploader)
     trainer.callbacks.append(outage)
     try:
         with pytest.raises(TrainingStopped) as caught:

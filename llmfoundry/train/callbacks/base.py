@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
+
+from llmfoundry.train.state import TrainState
 
 
 class Callback:
@@ -17,35 +17,27 @@ class Callback:
     #: the callback's key in checkpoints (and in save/load_ignore_keys, as ``state/callbacks/<state_name>``)
     state_name: str | None = None
 
-    def on_fit_start(self, trainer: Any) -> None: ...
+    def on_fit_start(self, state: TrainState) -> None: ...
 
-    def on_batch_start(self, trainer: Any) -> None: ...
+    def on_batch_start(self, state: TrainState) -> None: ...
 
-    def on_after_backward(self, trainer: Any, microbatch: dict[str, torch.Tensor], logits: torch.Tensor) -> None:
+    def on_after_backward(self, state: TrainState, microbatch: dict[str, torch.Tensor], logits: torch.Tensor) -> None:
         """After each microbatch's backward pass (Composer's after_backward), with its inputs and output logits."""
 
-    def should_skip_step(self, trainer: Any, loss: float) -> bool:
+    def should_skip_step(self, state: TrainState, loss: float) -> bool:
         """Called after backward with the batch's global loss; True = skip this optimizer step."""
         return False
 
-    def on_optimizer_step(self, trainer: Any, metrics: dict[str, float]) -> None:
+    def on_optimizer_step(self, state: TrainState, metrics: dict[str, float]) -> None:
         """After the optimizer step, while the (clipped, unscaled) gradients are still there; not on skipped steps."""
 
-    def on_batch_end(self, trainer: Any, metrics: dict[str, float]) -> None: ...
+    def on_batch_end(self, state: TrainState, metrics: dict[str, float]) -> None: ...
 
-    def on_eval_start(self, trainer: Any) -> None: ...
+    def on_eval_start(self, state: TrainState) -> None: ...
 
-    def on_eval_end(self, trainer: Any, metrics: dict[str, float]) -> None: ...
+    def on_eval_end(self, state: TrainState, metrics: dict[str, float]) -> None: ...
 
-    def on_checkpoint_saved(self, trainer: Any, path: str) -> None: ...
+    def on_checkpoint_saved(self, state: TrainState, path: str) -> None: ...
 
-    def on_fit_end(self, trainer: Any) -> None: ...
+    def on_fit_end(self, state: TrainState) -> None: ...
 
-
-def stop_training(trainer: Any, reason: str) -> None:
-    """End training after the current batch, as Composer's ``state.stop_training()`` does: the trainer's last batch
-    becomes this one, so the run ends as at max_duration (a final evaluation, a checkpoint when save_folder is set,
-    the fit_end hooks). Every rank must call it at the same batch (callbacks decide on global values)."""
-    if trainer.max_batches > trainer.time.batch:
-        trainer.max_batches = trainer.time.batch
-        trainer._print(f"stopping training at batch {trainer.time.batch}: {reason}")

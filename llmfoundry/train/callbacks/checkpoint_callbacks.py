@@ -25,10 +25,10 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from llmfoundry.core import dist, objectstore
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.core.notices import notice_once
-from llmfoundry.train import checkpointer
 from llmfoundry.train.callbacks.base import Callback
 from llmfoundry.train.callbacks.param_names import composer_name
 from llmfoundry.train.callbacks.settings import NAME_FIELDS, LoadCheckpointSettings, MonoCheckpointSaverSettings
+from llmfoundry.train.state import TrainState
 
 KEY = "callbacks.mono_checkpoint_saver"
 
@@ -38,17 +38,17 @@ class MonoCheckpointSaver(Callback):
         self.s = settings
         self.written: list[str] = []  # rank 0: the files, in order
 
-    def on_batch_end(self, trainer, metrics):
-        if trainer.time.batch % self.s.batch_interval == 0:
-            self.save(trainer)
+    def on_batch_end(self, state: TrainState, metrics):
+        if state.time.batch % self.s.batch_interval == 0:
+            self.save(state)
 
-    def on_fit_end(self, trainer):
-        if trainer.time.batch % self.s.batch_interval != 0:
-            self.save(trainer)
+    def on_fit_end(self, state: TrainState):
+        if state.time.batch % self.s.batch_interval != 0:
+            self.save(state)
 
-    def save(self, trainer) -> None:
+    def save(self, state: TrainState) -> None:
         """Collective: every rank gathers its shards; rank 0 writes the file."""
-        fields = dict(vars(trainer.time), run_name=trainer.run_name, rank=dist.rank(), world_size=dist.world_size())
+        fields = dict(vars(state.time), run_name=state.run_name, rank=dist.rank(), world_size=dist.world_size())
         try:
             folder, filename = self.s.save_folder.format(**fields), self.s.filename.format(**fields)
         except (KeyError, IndexError, ValueError) as error:
@@ -60,19 +60,18 @@ class MonoCheckpointSaver(Callback):
             objectstore.ObjectFolder(folder, KEY).exists(filename) if dist.rank() == 0 else None)
         if remote_clash:
             raise ConfigError(f"{KEY}: '{target}' already exists (set overwrite: true or choose another save_folder)")
-        weights = get_model_state_dict(trainer.model, options=StateDictOptions(full_state_dict=True,
-                                                                               cpu_offload=True))
+        weights = get_model_state_dict(state.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if dist.rank() == 0:
             # Composer's Timestamp fields; sample_in_epoch is where a resumed train loader continues
-            timestamp = dict(vars(trainer.time), sample_in_epoch=trainer.time.batch_in_epoch *
-                             trainer.cfg.global_train_batch_size)
-            state = {"model": {composer_name(name): value for name, value in weights.items()},
-                     "timestamp": {"Timestamp": timestamp}, "run_name": trainer.run_name}
+            timestamp = dict(vars(state.time), sample_in_epoch=state.time.batch_in_epoch *
+                             state.rates.samples_per_batch)
+            composer_state = {"model": {composer_name(name): value for name, value in weights.items()},
+                              "timestamp": {"Timestamp": timestamp}, "run_name": state.run_name}
             buffer = io.BytesIO()
-            torch.save({"state": state, "rng": []}, buffer)
+            torch.save({"state": composer_state, "rng": []}, buffer)
             objectstore.write_bytes(target, buffer.getvalue())
             self.written.append(target)
-            trainer._print(f"mono_checkpoint_saver: wrote {target}")
+            state.print(f"mono_checkpoint_saver: wrote {target}")
         dist.barrier()
 
 
@@ -81,15 +80,13 @@ class LoadCheckpoint(Callback):
         self.s = settings
         self.loaded = False
 
-    def on_fit_start(self, trainer):
+    def on_fit_start(self, state: TrainState):
         s = self.s
-        if s.event.lower() in ("init", "before_load") and trainer.restored_from is not None:
-            notice_once(f"callbacks.load_checkpoint: not loaded: the run's own checkpoint {trainer.restored_from} "
+        if s.event.lower() in ("init", "before_load") and state.restored_from is not None:
+            notice_once(f"callbacks.load_checkpoint: not loaded: the run's own checkpoint {state.restored_from} "
                         f"replaces it (event: {s.event}; use event: after_load to load it over the run's own)")
             return
-        staging = checkpointer.remote_staging(s.load_path, trainer.cfg.checkpoint_upload)
-        path = checkpointer.resolve_load_path(s.load_path, staging)
-        trainer.restore(path, s.load_weights_only, s.strict_model_weights, s.ignore_keys)
+        state.restore(s.load_path, s.load_weights_only, s.strict_model_weights, s.ignore_keys)
         self.loaded = True
 
 

@@ -24,12 +24,13 @@ from llmfoundry.core.notices import notice_once
 from llmfoundry.core.timeunits import Time
 from llmfoundry.train.callbacks.base import Callback
 from llmfoundry.train.callbacks.settings import MemorySnapshotSettings, OOMObserverSettings
+from llmfoundry.train.state import TrainState
 
 log = logging.getLogger(__name__)
 
 
-def _format(template: str, trainer, key: str) -> str:
-    fields = dict(vars(trainer.time), run_name=trainer.run_name, rank=dist.rank(), world_size=dist.world_size(),
+def _format(template: str, state: TrainState, key: str) -> str:
+    fields = dict(vars(state.time), run_name=state.run_name, rank=dist.rank(), world_size=dist.world_size(),
                   local_rank=int(os.environ.get("LOCAL_RANK", "0")))
     try:
         return template.format(**fields)
@@ -38,13 +39,13 @@ def _format(template: str, trainer, key: str) -> str:
                           f"{', '.join('{' + name + '}' for name in fields)}") from None
 
 
-def _prepare_folder(trainer, template: str, overwrite: bool, key: str) -> Path | None:
+def _prepare_folder(state: TrainState, template: str, overwrite: bool, key: str) -> Path | None:
     """The folder for this run's files, or None (with a notice) when the model is not on a CUDA device."""
-    if trainer.device.type != "cuda":
-        notice_once(f"{key}: CUDA memory snapshots need a CUDA device (this run is on {trainer.device.type}); "
+    if state.device.type != "cuda":
+        notice_once(f"{key}: CUDA memory snapshots need a CUDA device (this run is on {state.device.type}); "
                     "the callback does nothing")
         return None
-    folder = Path(_format(template, trainer, f"{key}.folder"))
+    folder = Path(_format(template, state, f"{key}.folder"))
     folder.mkdir(parents=True, exist_ok=True)
     if not overwrite and any(folder.iterdir()):
         raise ConfigError(f"{key}.folder: '{folder}' is not empty (empty it, choose another folder, or set "
@@ -62,22 +63,22 @@ class MemorySnapshot(Callback):
         self.started_at: int | None = None
         self.written: list[Path] = []
 
-    def on_fit_start(self, trainer):
-        self.folder = _prepare_folder(trainer, self.s.folder, self.s.overwrite, "callbacks.memory_snapshot")
+    def on_fit_start(self, state: TrainState):
+        self.folder = _prepare_folder(state, self.s.folder, self.s.overwrite, "callbacks.memory_snapshot")
 
-    def on_batch_start(self, trainer):
+    def on_batch_start(self, state: TrainState):
         if self.folder is not None and self.started_at is None and self.to_skip == 0:
             torch.cuda.memory._record_memory_history("all", max_entries=self.s.max_entries)
-            self.started_at = trainer.time.batch
+            self.started_at = state.time.batch
 
-    def on_batch_end(self, trainer, metrics):
+    def on_batch_end(self, state: TrainState, metrics):
         if self.folder is None:
             return
         if self.to_skip > 0:
             self.to_skip -= 1
             return
-        if self.started_at is not None and trainer.time.batch == self.started_at + self.interval:
-            name = self.folder / _format(self.s.filename, trainer, "callbacks.memory_snapshot.filename")
+        if self.started_at is not None and state.time.batch == self.started_at + self.interval:
+            name = self.folder / _format(self.s.filename, state, "callbacks.memory_snapshot.filename")
             snapshot = torch.cuda.memory._snapshot()
             torch.cuda.memory._record_memory_history(None)
             self.folder = None  # once per run, as Composer's
@@ -85,21 +86,21 @@ class MemorySnapshot(Callback):
                 log.info("memory_snapshot: no allocation was recorded")
                 return
             self.written = _write(snapshot, {".pickle": None, ".html": _memory_viz.trace_plot}, name)
-            trainer._print(f"memory_snapshot: wrote {name}.pickle and .html")
+            state.print(f"memory_snapshot: wrote {name}.pickle and .html")
 
 
 class OOMObserver(Callback):
     def __init__(self, settings: OOMObserverSettings):
         self.s = settings
         self.folder: Path | None = None
-        self.trainer = None
+        self.run: TrainState | None = None  # the state the file names are made from
         self.written: list[Path] = []
 
-    def on_fit_start(self, trainer):
-        self.folder = _prepare_folder(trainer, self.s.folder, self.s.overwrite, "callbacks.oom_observer")
+    def on_fit_start(self, state: TrainState):
+        self.folder = _prepare_folder(state, self.s.folder, self.s.overwrite, "callbacks.oom_observer")
         if self.folder is None:
             return
-        self.trainer = trainer
+        self.run = state
         torch.cuda.memory._record_memory_history(True, trace_alloc_max_entries=self.s.max_entries,
                                                  trace_alloc_record_context=True)
         torch._C._cuda_attach_out_of_memory_observer(self.observe)
@@ -109,7 +110,7 @@ class OOMObserver(Callback):
         """Called by the CUDA allocator when an allocation fails."""
         log.warning("oom_observer: CUDA out of memory; writing memory snapshots")
         try:
-            name = self.folder / _format(self.s.filename, self.trainer, "callbacks.oom_observer.filename")
+            name = self.folder / _format(self.s.filename, self.run, "callbacks.oom_observer.filename")
             snapshot = torch.cuda.memory._snapshot()
             if all(len(trace) == 0 for trace in snapshot["device_traces"]):
                 log.info("oom_observer: no allocation was recorded")

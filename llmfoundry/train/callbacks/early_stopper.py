@@ -13,8 +13,9 @@ from __future__ import annotations
 import math
 
 from llmfoundry.core.errors import ConfigError
-from llmfoundry.train.callbacks.base import Callback, stop_training
+from llmfoundry.train.callbacks.base import Callback
 from llmfoundry.train.callbacks.settings import EarlyStopperSettings, parse_patience
+from llmfoundry.train.state import TrainState
 
 KEY = "callbacks.early_stopper"
 # without the model's train metrics (use_train_metrics: false), these come from the training loss
@@ -34,20 +35,20 @@ class EarlyStopper(Callback):
         self.best: float | None = None
         self.best_at: tuple[int, int] = (0, 0)  # (batch, epoch) of the best value
 
-    def on_batch_end(self, trainer, metrics):
+    def on_batch_end(self, state: TrainState, metrics):
         if self.s.dataloader_label != "train":
             return
         name = f"metrics/train/{self.s.monitor}"
         if name in metrics:
-            self._update(trainer, float(metrics[name]))
+            self._update(state, float(metrics[name]))
         elif self.s.monitor in TRAIN_METRICS:
-            self._update(trainer, TRAIN_METRICS[self.s.monitor](metrics["loss/train/total"]))
+            self._update(state, TRAIN_METRICS[self.s.monitor](metrics["loss/train/total"]))
         else:
             shown = ", ".join(sorted(k for k in metrics if k.startswith("metrics/train/"))) or "none"
             raise ConfigError(f"{KEY}.monitor: no train metric '{name}' (logged: {shown}); monitor one of them or "
                               "add it to model.additional_train_metrics")
 
-    def on_eval_end(self, trainer, metrics):
+    def on_eval_end(self, state: TrainState, metrics):
         if self.s.dataloader_label == "train":
             return
         label = self.s.dataloader_label
@@ -57,10 +58,10 @@ class EarlyStopper(Callback):
             shown = ", ".join(sorted(metrics)[:8]) or "none"
             raise ConfigError(f"{KEY}: no metric '{names[0]}' after evaluation (logged: {shown}); set monitor and "
                               "dataloader_label to one of them")
-        self._update(trainer, float(found[0]))
+        self._update(state, float(found[0]))
 
-    def _update(self, trainer, value: float) -> None:
-        now = (trainer.time.batch, trainer.time.epoch)
+    def _update(self, state: TrainState, value: float) -> None:
+        now = (state.time.batch, state.time.epoch)
         if self.best is None:
             self.best, self.best_at = value, now
         else:
@@ -69,8 +70,8 @@ class EarlyStopper(Callback):
                 self.best, self.best_at = value, now
         index = 0 if self.patience.unit == "ba" else 1
         if now[index] - self.best_at[index] > self.patience.value:
-            stop_training(trainer, f"early_stopper: {self.s.monitor} has not improved on {self.best:.6g} for "
-                                   f"{now[index] - self.best_at[index]}{self.patience.unit}")
+            state.request_stop(f"early_stopper: {self.s.monitor} has not improved on {self.best:.6g} for "
+                               f"{now[index] - self.best_at[index]}{self.patience.unit}")
 
 
 def build_early_stopper(settings: EarlyStopperSettings) -> Callback:

@@ -30,6 +30,7 @@ from llmfoundry.core.errors import ConfigError
 from llmfoundry.core.notices import notice_once
 from llmfoundry.train.callbacks.base import Callback
 from llmfoundry.train.callbacks.settings import EnvLoggingSettings, SystemMetricsMonitorSettings
+from llmfoundry.train.state import TrainState
 
 GPU_METRICS = ("gpu_percentage", "memory_percentage", "gpu_temperature_C", "gpu_power_usage_W")
 PACKAGES_TO_LOG = ["llm-foundry", "llmfoundry", "mosaicml", "megablocks", "grouped-gemm", "torch", "flash_attn",
@@ -50,8 +51,8 @@ class SystemMetricsMonitor(Callback):
         self.nvml = self.nvml_handle = None
         self.psutil = _psutil("callbacks.system_metrics_monitor")
 
-    def on_fit_start(self, trainer):
-        if trainer.device.type == "cuda":
+    def on_fit_start(self, state: TrainState):
+        if state.device.type == "cuda":
             try:
                 import pynvml  # optional: only GPU metrics need it
             except ImportError:
@@ -59,10 +60,10 @@ class SystemMetricsMonitor(Callback):
                                   "nvidia-ml-py), or remove the callback") from None
             pynvml.nvmlInit()
             self.nvml = pynvml
-            self.nvml_handle = nvml_handle(pynvml, trainer.device)
+            self.nvml_handle = nvml_handle(pynvml, state.device)
 
-    def on_batch_end(self, trainer, metrics):
-        everyone = _gather(self.local_metrics(trainer))
+    def on_batch_end(self, state: TrainState, metrics):
+        everyone = _gather(self.local_metrics(state))
         for rank, values in enumerate(everyone):
             for key, value in values.items():
                 if key not in GPU_METRICS:
@@ -77,7 +78,7 @@ class SystemMetricsMonitor(Callback):
                 metrics[f"min_{key}_rank_{low}"] = values[low]
                 metrics[f"max_{key}_rank_{high}"] = values[high]
 
-    def local_metrics(self, trainer) -> dict[str, float]:
+    def local_metrics(self, state: TrainState) -> dict[str, float]:
         values: dict[str, float] = {}
         if self.nvml is not None:
             nvml, handle = self.nvml, self.nvml_handle
@@ -129,7 +130,7 @@ class EnvLogging(Callback):
         self.s = settings
         self.env_data: dict[str, Any] = {}
 
-    def on_fit_start(self, trainer):
+    def on_fit_start(self, state: TrainState):
         s, data = self.s, self.env_data
         if s.log_git:
             data["git_info"] = self._git_info()
@@ -155,7 +156,7 @@ class EnvLogging(Callback):
             data["distributed_info"] = {"world_size": dist.world_size(),
                                         "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
                                         "rank": dist.rank(), "local_rank": int(os.environ.get("LOCAL_RANK", "0"))}
-        for logger in trainer.loggers:
+        for logger in state.loggers:
             logger.log_hyperparameters({"environment_data": data})
 
     def _git_info(self) -> dict[str, dict[str, str]]:

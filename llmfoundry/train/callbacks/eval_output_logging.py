@@ -17,6 +17,7 @@ from llmfoundry.core.notices import notice_once
 from llmfoundry.train.callbacks.base import Callback
 from llmfoundry.train.callbacks.settings import EvalOutputLoggingSettings
 from llmfoundry.train.callbacks.tables import log_table
+from llmfoundry.train.state import TrainState
 
 KEY = "callbacks.eval_output_logging"
 
@@ -26,25 +27,25 @@ class EvalOutputLogging(Callback):
         self.s = settings
         self.tables: dict[str, tuple[list[str], list[list[Any]]]] = {}  # the last evaluation's tables (rank 0)
 
-    def on_fit_start(self, trainer):
-        if trainer.eval_loaders:
+    def on_fit_start(self, state: TrainState):
+        if state.eval_loaders:
             notice_once(f"{KEY}: logs the ICL tasks' outputs; the eval loaders' batches (which llm-foundry also "
                         "logs) are not")
-        if trainer.icl is None:
+        if state.icl_evaluator is None:
             notice_once(f"{KEY}: the run has no icl_tasks, so there is nothing to log")
 
-    def on_eval_end(self, trainer, metrics):
-        if trainer.icl is None or not trainer.dist.is_main:
+    def on_eval_end(self, state: TrainState, metrics):
+        if state.icl_evaluator is None or not state.dist.is_main:
             return
         self.tables = {}
-        for run in trainer.icl.evaluator.runs:
+        for run in state.icl_evaluator.runs:
             if not run.results:
                 continue
             examples = {ex.index: ex for ex in run.examples}
-            columns, rows = self.table(run, examples, trainer.run_name)
-            name = f"{run.name}_step_{trainer.time.batch}"
+            columns, rows = self.table(run, examples, state.run_name)
+            name = f"{run.name}_step_{state.time.batch}"
             self.tables[name] = (columns, rows)
-            log_table(trainer, name, columns, rows, KEY)
+            log_table(state, name, columns, rows, KEY)
 
     def table(self, run, examples: dict, run_name: str) -> tuple[list[str], list[list[Any]]]:
         with_outputs = self.s.log_output_text is not False and "output" in run.results[0]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from llmfoundry.train.callbacks.base import Callback
 from llmfoundry.train.callbacks.settings import FDiffSettings
+from llmfoundry.train.state import TrainState
 
 
 class FDiffMetrics(Callback):
@@ -14,12 +15,12 @@ class FDiffMetrics(Callback):
         self.previous_train: dict[str, float] = {}
         self.previous_eval: dict[str, float] = {}
 
-    def on_batch_end(self, trainer, metrics):
+    def on_batch_end(self, state: TrainState, metrics):
         if self.s.diff_train_metrics:
             names = ["loss/train/total"] + [k for k in metrics if k.startswith("metrics/train/")]
             _diff(metrics, names, self.previous_train)
 
-    def on_eval_end(self, trainer, metrics):
+    def on_eval_end(self, state: TrainState, metrics):
         if self.s.diff_eval_metrics:
             _diff(metrics, [k for k in metrics if not k.endswith("_fdiff")], self.previous_eval)
 

@@ -18,6 +18,7 @@ from llmfoundry.core.errors import ConfigError
 from llmfoundry.train.callbacks.base import Callback
 from llmfoundry.train.callbacks.settings import GenerateSettings
 from llmfoundry.train.callbacks.tables import log_table
+from llmfoundry.train.state import TrainState
 
 log = logging.getLogger(__name__)
 KEY = "callbacks.generate_callback"
@@ -30,24 +31,24 @@ class Generate(Callback):
         self.last_batch = -1
         self.rows: list[list[str]] = []  # the last table (rank 0)
 
-    def on_fit_start(self, trainer):
+    def on_fit_start(self, state: TrainState):
         try:
-            self.every = max(1, trainer.rates.to_batches(self.s.interval, f"{KEY}.interval"))
+            self.every = max(1, state.rates.to_batches(self.s.interval, f"{KEY}.interval"))
         except ValueError as error:
             raise ConfigError(str(error)) from None
 
-    def on_batch_end(self, trainer, metrics):
-        if trainer.time.batch % self.every == 0:
-            self.generate(trainer)
+    def on_batch_end(self, state: TrainState, metrics):
+        if state.time.batch % self.every == 0:
+            self.generate(state)
 
-    def on_fit_end(self, trainer):
-        if self.last_batch != trainer.time.batch:
-            self.generate(trainer)
+    def on_fit_end(self, state: TrainState):
+        if self.last_batch != state.time.batch:
+            self.generate(state)
 
-    def generate(self, trainer) -> None:
-        self.last_batch = trainer.time.batch
+    def generate(self, state: TrainState) -> None:
+        self.last_batch = state.time.batch
         start = time.perf_counter()
-        model, tokenizer = trainer.model, trainer.tokenizer
+        model, tokenizer = state.model, state.tokenizer
         was_training = model.training
         model.eval()
         padding_side = tokenizer.padding_side
@@ -60,10 +61,10 @@ class Generate(Callback):
         outputs: list[torch.Tensor] = []
         try:
             for i in range(0, len(self.s.prompts), step):
-                ids = encoded["input_ids"][i:i + step].to(trainer.device)
-                mask = encoded["attention_mask"][i:i + step].to(trainer.device)
-                with torch.no_grad(), precision.autocast(trainer.cfg.precision, trainer.device):
-                    out = model.generate(input_ids=ids, attention_mask=mask, synced_gpus=trainer.dist.world_size > 1,
+                ids = encoded["input_ids"][i:i + step].to(state.device)
+                mask = encoded["attention_mask"][i:i + step].to(state.device)
+                with torch.no_grad(), precision.autocast(state.precision, state.device):
+                    out = model.generate(input_ids=ids, attention_mask=mask, synced_gpus=state.dist.world_size > 1,
                                          **self.s.generate_kwargs())
                 outputs.extend(out[:, width:])
         except (TypeError, ValueError) as error:
@@ -72,10 +73,10 @@ class Generate(Callback):
         finally:
             tokenizer.padding_side = padding_side
             model.train(was_training)
-        if trainer.dist.is_main:
+        if state.dist.is_main:
             self.rows = [[prompt, tokenizer.decode(new, skip_special_tokens=True)]
                          for prompt, new in zip(self.s.prompts, outputs)]
-            log_table(trainer, "generations", ["prompt", "generation"], self.rows, KEY)
+            log_table(state, "generations", ["prompt", "generation"], self.rows, KEY)
         log.info("generate_callback: %d prompts in %.1f s", len(self.s.prompts), time.perf_counter() - start)
 
 

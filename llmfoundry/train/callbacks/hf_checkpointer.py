@@ -36,6 +36,7 @@ from llmfoundry.train.builders import build_model
 from llmfoundry.train.callbacks.base import Callback
 from llmfoundry.train.callbacks.settings import NAME_FIELDS, HFCheckpointerSettings
 from llmfoundry.train.errors import TrainingStopped
+from llmfoundry.train.state import TrainState
 
 log = logging.getLogger(__name__)
 KEY = "callbacks.hf_checkpointer"
@@ -56,53 +57,53 @@ class HFCheckpointer(Callback):
             notice_once(f"{KEY}.final_register_only: has no effect without mlflow_registered_model_name; the final "
                         "model is exported to save_folder (as llm-foundry does)")
 
-    def on_fit_start(self, trainer):
+    def on_fit_start(self, state: TrainState):
         try:
-            self.every = max(1, trainer.rates.to_batches(self.s.save_interval, f"{KEY}.save_interval"))
+            self.every = max(1, state.rates.to_batches(self.s.save_interval, f"{KEY}.save_interval"))
         except ValueError as error:
             raise ConfigError(str(error)) from None
         if self.remote:  # an unreachable store or a missing bucket: say so now rather than after the first interval
             _agree(self._check_store)
 
-    def on_batch_end(self, trainer, metrics):
-        if trainer.time.batch % self.every == 0:
-            self.export(trainer, wait=False)
+    def on_batch_end(self, state: TrainState, metrics):
+        if state.time.batch % self.every == 0:
+            self.export(state, wait=False)
 
-    def on_fit_end(self, trainer):
-        if self.last != trainer.time.batch:
-            self.export(trainer, wait=False)
-        self.finish(trainer.cfg.checkpoint_upload.wait_at_end_s)
+    def on_fit_end(self, state: TrainState):
+        if self.last != state.time.batch:
+            self.export(state, wait=False)
+        self.finish(state.checkpoint_upload.wait_at_end_s)
 
-    def folder_name(self, trainer) -> str:
-        fields = dict(vars(trainer.time), run_name=trainer.run_name, rank=dist.rank(), world_size=dist.world_size())
+    def folder_name(self, state: TrainState) -> str:
+        fields = dict(vars(state.time), run_name=state.run_name, rank=dist.rank(), world_size=dist.world_size())
         return self.s.huggingface_folder_name.format(**{k: fields[k] for k in NAME_FIELDS})
 
-    def export(self, trainer, wait: bool = True) -> str | None:
+    def export(self, state: TrainState, wait: bool = True) -> str | None:
         """Collective: every rank calls it. Rank 0 writes the export and returns its folder or URL. With
         ``wait=False`` an upload to an object store may still be running when it returns (see :meth:`finish`);
         with ``wait=True`` (only_hf_checkpoint, where the export is the whole point) a failed upload stops the run."""
-        self.last = trainer.time.batch
-        name = self.folder_name(trainer)
+        self.last = state.time.batch
+        name = self.folder_name(state)
         target = objectstore.join(self.s.save_folder, SUBFOLDER, name)
         if not self.s.overwrite:
             _agree(lambda: self._refuse_existing(target))
-        full = get_model_state_dict(trainer.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        full = get_model_state_dict(state.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if dist.rank() == 0:
-            copy = self._model_copy(trainer)
+            copy = self._model_copy(state)
             copy.load_state_dict(full)
             if self.remote:
                 # numbered, so that an export of a name whose previous upload is still running gets its own copy
-                staged = self._staging(trainer) / SUBFOLDER / f"{name}.{len(self.exported)}"
+                staged = self._staging(state) / SUBFOLDER / f"{name}.{len(self.exported)}"
                 shutil.rmtree(staged, ignore_errors=True)
-                export_hf(copy.eval(), trainer.tokenizer, staged, self.s.precision)
-                self._upload(trainer, staged, target)
-                trainer._print(f"hf_checkpointer: exported batch {trainer.time.batch}, uploading to {target}")
+                export_hf(copy.eval(), state.tokenizer, staged, self.s.precision)
+                self._upload(state, staged, target)
+                state.print(f"hf_checkpointer: exported batch {state.time.batch}, uploading to {target}")
             else:
-                _write_local(copy.eval(), trainer.tokenizer, Path(target), self.s.precision)
-                trainer._print(f"hf_checkpointer: exported {target}")
+                _write_local(copy.eval(), state.tokenizer, Path(target), self.s.precision)
+                state.print(f"hf_checkpointer: exported {target}")
             self.exported.append(target)
         dist.barrier()
-        if wait and not self.finish(trainer.cfg.checkpoint_upload.wait_at_end_s):
+        if wait and not self.finish(state.checkpoint_upload.wait_at_end_s):
             raise TrainingStopped(f"hf_checkpointer: not uploaded completely: {', '.join(self.failed)} (see the log)")
         return target if dist.rank() == 0 else None
 
@@ -120,18 +121,18 @@ class HFCheckpointer(Callback):
         return not self.failed
 
     # -- rank 0 --
-    def _model_copy(self, trainer):
-        cfg = trainer.cfg
-        settings = cfg.model.settings
+    def _model_copy(self, state: TrainState):
+        section = state.model_section
+        settings = section.settings
         if dataclasses.is_dataclass(settings) and getattr(settings, "init_device", None) in ("meta", "mixed"):
             settings = dataclasses.replace(settings, init_device="cpu")
-        return build_model(dataclasses.replace(cfg.model, settings=settings), trainer.tokenizer)
+        return build_model(dataclasses.replace(section, settings=settings), state.tokenizer)
 
-    def _staging(self, trainer) -> Path:
-        return objectstore.staging_root(self.s.save_folder, trainer.cfg.checkpoint_upload.staging_folder)
+    def _staging(self, state: TrainState) -> Path:
+        return objectstore.staging_root(self.s.save_folder, state.checkpoint_upload.staging_folder)
 
-    def _upload(self, trainer, staged: Path, url: str) -> None:
-        upload = trainer.cfg.checkpoint_upload
+    def _upload(self, state: TrainState, staged: Path, url: str) -> None:
+        upload = state.checkpoint_upload
         if self._uploads is None:  # one worker: exports reach the store in the order they were made
             self._uploads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-export-upload")
 

@@ -19,6 +19,7 @@ from llmfoundry.core import dist
 from llmfoundry.train.callbacks.base import Callback
 from llmfoundry.train.callbacks.settings import LossPerpVLenSettings
 from llmfoundry.train.callbacks.tables import log_table
+from llmfoundry.train.state import TrainState
 
 KEY = "callbacks.loss_perp_v_len"
 SUMS = ("loss", "perplexity", "length", "loss_seq_id", "perplexity_seq_id", "length_seq_id")
@@ -31,8 +32,8 @@ class LossPerpVLen(Callback):
         self.rows: dict[str, list[list[float]]] = {}  # metric -> rows waiting to be logged (rank 0)
         self.logged: dict[str, list[list[float]]] = {}  # the last tables logged (rank 0)
 
-    def on_after_backward(self, trainer, microbatch, logits):
-        if trainer.time.batch % self.s.compute_batch_interval != 0:
+    def on_after_backward(self, state: TrainState, microbatch, logits):
+        if state.time.batch % self.s.compute_batch_interval != 0:
             return
         with torch.no_grad():
             self._update(microbatch["labels"], logits.detach(), microbatch.get("sequence_id"))
@@ -72,15 +73,15 @@ class LossPerpVLen(Callback):
         self.sums["perplexity_seq_id"] += by_sequence(perplexity)
         self.sums["length_seq_id"] += by_sequence(valid)
 
-    def on_batch_end(self, trainer, metrics):
-        measured = trainer.time.batch - 1  # the batch just trained, counted from 0
+    def on_batch_end(self, state: TrainState, metrics):
+        measured = state.time.batch - 1  # the batch just trained, counted from 0
         if measured % self.s.compute_batch_interval == 0 and self.sums:
             for name, values in self._means().items():
                 self.rows.setdefault(name, []).append(values.tolist() + [measured])
         if measured % self.s.log_batch_interval == 0:
-            for name, rows in self.rows.items() if trainer.dist.is_main else ():
+            for name, rows in self.rows.items() if state.dist.is_main else ():
                 columns = [f"context_length_{i}" for i in range(len(rows[0]) - 1)] + ["batch_index"]
-                log_table(trainer, f"metrics/train/LossPerpVLenTable/{name}", columns, rows, KEY)
+                log_table(state, f"metrics/train/LossPerpVLenTable/{name}", columns, rows, KEY)
             self.logged, self.rows = self.rows, {}
 
     def _means(self) -> dict[str, torch.Tensor]:

@@ -16,6 +16,7 @@ from collections import deque
 from llmfoundry.train.callbacks.base import Callback
 from llmfoundry.train.callbacks.settings import LossSpikeGuardSettings
 from llmfoundry.train.errors import TrainingStopped
+from llmfoundry.train.state import TrainState
 
 
 class LossSpikeGuard(Callback):
@@ -36,13 +37,13 @@ class LossSpikeGuard(Callback):
                         f"{mean:.4g} of the last {len(self.history)} batches")
         return None
 
-    def should_skip_step(self, trainer, loss):
+    def should_skip_step(self, state: TrainState, loss):
         problem = self._problem(loss)
         if problem is None:
             self.history.append(loss)
             self.skips_in_a_row = 0
             return False
-        where = f"at batch {trainer.time.batch + 1}"
+        where = f"at batch {state.time.batch + 1}"
         if self.s.action == "stop":
             raise TrainingStopped(f"loss_spike_guard: {problem} {where} (lower the learning rate, add "
                                   "gradient_clipping, resume from an earlier checkpoint, or set "
@@ -55,20 +56,20 @@ class LossSpikeGuard(Callback):
         if self.skips_in_a_row > self.s.max_consecutive_skips:
             raise TrainingStopped(f"loss_spike_guard: {problem} {where}, {self.skips_in_a_row} batches in a row "
                                   "(the run is not recovering; resume from an earlier checkpoint)")
-        trainer._print(f"loss_spike_guard: {problem} {where}; skipping this batch")
+        state.print(f"loss_spike_guard: {problem} {where}; skipping this batch")
         return True
 
-    def on_batch_end(self, trainer, metrics):
+    def on_batch_end(self, state: TrainState, metrics):
         metrics["train/skipped_batches"] = float(self.skipped)
         if self.stop_after_batch is not None:
-            self._checkpoint_and_stop(trainer)
+            self._checkpoint_and_stop(state)
 
-    def _checkpoint_and_stop(self, trainer) -> None:
+    def _checkpoint_and_stop(self, state: TrainState) -> None:
         """After the skipped batch has been counted: save (and wait for the upload), then stop."""
-        if not trainer.cfg.save_folder:
+        if not state.save_folder:
             raise TrainingStopped(f"loss_spike_guard: {self.stop_after_batch}; no save_folder, so nothing was saved")
-        path = trainer.save()
-        if not trainer.checkpointer.finish(trainer.cfg.checkpoint_upload.wait_at_end_s):
+        path = state.save()
+        if not state.finish_uploads():
             raise TrainingStopped(f"loss_spike_guard: {self.stop_after_batch}; the checkpoint {path} could not be "
                                   "uploaded")
         raise TrainingStopped(f"loss_spike_guard: {self.stop_after_batch}; saved {path} without that batch's update "

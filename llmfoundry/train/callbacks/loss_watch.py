@@ -19,15 +19,16 @@ from collections import deque
 from llmfoundry.train.callbacks.base import Callback
 from llmfoundry.train.callbacks.settings import MAX_LOSS_CAP, MIN_WINDOW_SIZE, KillLossSpikeSettings, NaNMonitorSettings
 from llmfoundry.train.errors import TrainingStopped
+from llmfoundry.train.state import TrainState
 
 log = logging.getLogger(__name__)
 WINDOW_FRACTION = 0.05  # llm-foundry's rule: a default window grows to this fraction of the run's batches
 
 
 class NaNMonitor(Callback):
-    def should_skip_step(self, trainer, loss):
+    def should_skip_step(self, state: TrainState, loss):
         if math.isnan(loss):
-            raise TrainingStopped(f"nan_monitor: the training loss is NaN at batch {trainer.time.batch + 1} (lower "
+            raise TrainingStopped(f"nan_monitor: the training loss is NaN at batch {state.time.batch + 1} (lower "
                                   "the learning rate, add gradient_clipping, or resume from an earlier checkpoint)")
         return False
 
@@ -43,12 +44,12 @@ class KillLossSpike(Callback):
         self.loss_cap_set = settings.loss_cap != MAX_LOSS_CAP
         self.events: list[str] = []  # what was detected, in order (also logged)
 
-    def on_batch_end(self, trainer, metrics):
+    def on_batch_end(self, state: TrainState, metrics):
         loss = metrics["loss/train/total"]
-        step = trainer.time.batch
+        step = state.time.batch
         if len(self.window) == self.window_size:
             if not self.window_size_set:
-                self.window_size = max(self.window_size, round(trainer.rates.max_duration_batches * WINDOW_FRACTION))
+                self.window_size = max(self.window_size, round(state.rates.max_duration_batches * WINDOW_FRACTION))
                 self.window = deque(self.window, maxlen=self.window_size)
                 self.window_size_set = True
                 if self.window_size > MIN_WINDOW_SIZE:  # keep filling the larger window first
@@ -59,11 +60,11 @@ class KillLossSpike(Callback):
                 self.loss_cap_set = True
             mean = sum(self.window) / len(self.window)
             if self._spike(loss, mean):
-                self._report(trainer, f"loss spike: {self.outliers} losses in a row at least "
+                self._report(state, f"loss spike: {self.outliers} losses in a row at least "
                                       f"{self.s.outlier_multiplier:g}x the running mean {mean:.4g} (try a lower "
                                       "learning rate)")
             elif self._high_losses(step):
-                self._report(trainer, f"high losses: at least half of the last {self.window_size} losses are above "
+                self._report(state, f"high losses: at least half of the last {self.window_size} losses are above "
                                       f"{self.loss_cap:.4g}")
         if self.window.maxlen is None:
             self.window = deque(self.window, maxlen=self.window_size)
@@ -81,14 +82,14 @@ class KillLossSpike(Callback):
             return False
         return sum(1 for loss in self.window if loss > self.loss_cap) >= self.window_size / 2
 
-    def _report(self, trainer, what: str) -> None:
-        where = f"kill_loss_spike: {what} at batch {trainer.time.batch}"
+    def _report(self, state: TrainState, what: str) -> None:
+        where = f"kill_loss_spike: {what} at batch {state.time.batch}"
         self.events.append(where)
         if not self.s.log_only:
             raise TrainingStopped(f"{where} (resume from an earlier checkpoint; callbacks.kill_loss_spike.log_only: "
                                   "true only warns)")
         log.warning("%s", where)
-        trainer._print(where)
+        state.print(where)
 
 
 def build_nan_monitor(settings: NaNMonitorSettings) -> Callback:

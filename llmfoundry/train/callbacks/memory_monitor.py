@@ -18,6 +18,7 @@ from llmfoundry.core import dist
 from llmfoundry.core.notices import notice_once
 from llmfoundry.train.callbacks.base import Callback
 from llmfoundry.train.callbacks.settings import MemoryMonitorSettings
+from llmfoundry.train.state import TrainState
 
 GB = 1e9
 
@@ -86,28 +87,28 @@ class MemoryMonitor(Callback):
         self.settings = settings
         self.memory_keys = settings.memory_keys or DEFAULT_MEMORY_KEYS
 
-    def on_fit_start(self, trainer):
-        if trainer.device.type == "cuda":
-            missing = [k for k in self.memory_keys if k not in torch.cuda.memory_stats(trainer.device)]
+    def on_fit_start(self, state: TrainState):
+        if state.device.type == "cuda":
+            missing = [k for k in self.memory_keys if k not in torch.cuda.memory_stats(state.device)]
             if missing and self.settings.memory_keys:
                 notice_once(f"callbacks.memory_monitor.memory_keys: {', '.join(missing)} not in "
                             "torch.cuda.memory_stats() (not logged, as in Composer)")
         elif self.settings.memory_keys:
             notice_once(f"callbacks.memory_monitor.memory_keys: CUDA allocator statistics; this run is on "
-                        f"{trainer.device.type}, which logs process memory (memory/rss_mem, memory/peak_rss_mem)")
+                        f"{state.device.type}, which logs process memory (memory/rss_mem, memory/peak_rss_mem)")
 
-    def on_batch_end(self, trainer, metrics):
-        batch = trainer.time.batch
+    def on_batch_end(self, state: TrainState, metrics):
+        batch = state.time.batch
         every = self.settings.dist_aggregate_batch_interval
         aggregate = every is not None and (batch - 1) % every == 0
         if batch % self.settings.interval != 0 and not aggregate:
             return
-        if trainer.device.type == "cuda":
-            report = cuda_memory_report(torch.cuda.memory_stats(trainer.device), self.memory_keys)
+        if state.device.type == "cuda":
+            report = cuda_memory_report(torch.cuda.memory_stats(state.device), self.memory_keys)
         else:
             report = process_memory_report()
         if aggregate:
-            report.update(aggregate_over_ranks(report, trainer.device))
+            report.update(aggregate_over_ranks(report, state.device))
         metrics.update({f"memory/{name}": value for name, value in report.items()})
 
 

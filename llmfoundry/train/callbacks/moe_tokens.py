@@ -18,6 +18,7 @@ from llmfoundry.models.interface import ModelHooks, hooks_of
 from llmfoundry.models.layers.moe import DroplessMoE
 from llmfoundry.train.callbacks.base import Callback
 from llmfoundry.train.callbacks.settings import TokPerExpertSettings
+from llmfoundry.train.state import TrainState
 
 
 class TokPerExpert(Callback):
@@ -27,19 +28,19 @@ class TokPerExpert(Callback):
         self.counts: torch.Tensor | None = None  # (layers, experts) of the last logged batch, before normalize
         self.hooks = ModelHooks()  # the model's, from on_fit_start: its tokens-per-expert counter
 
-    def on_fit_start(self, trainer) -> None:
-        moe = [m for m in trainer.model.modules() if isinstance(m, DroplessMoE)]
-        self.hooks = hooks_of(trainer.model)
+    def on_fit_start(self, state: TrainState) -> None:
+        moe = [m for m in state.model.modules() if isinstance(m, DroplessMoE)]
+        self.hooks = hooks_of(state.model)
         if not moe or self.hooks.tokens_per_expert is None:
             raise ConfigError("callbacks.mbmoe_tok_per_expert: the model has no mixture-of-experts layers (set "
                               "model.ffn_config.ffn_type to mb_moe, mb_dmoe or torch_dmoe, or remove the callback)")
         self.top_k = moe[0].top_k
 
-    def on_batch_start(self, trainer) -> None:
+    def on_batch_start(self, state: TrainState) -> None:
         self.hooks.reset_tokens_per_expert()  # count this batch's forwards only
 
-    def on_batch_end(self, trainer, metrics) -> None:
-        if trainer.time.batch % self.s.log_interval:
+    def on_batch_end(self, state: TrainState, metrics) -> None:
+        if state.time.batch % self.s.log_interval:
             return
         counts = self.hooks.tokens_per_expert()
         if counts is None:  # a skipped or empty batch: nothing was routed

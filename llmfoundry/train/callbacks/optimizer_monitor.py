@@ -24,21 +24,22 @@ from llmfoundry.core import dist
 from llmfoundry.train.callbacks.base import Callback
 from llmfoundry.train.callbacks.param_names import composer_name
 from llmfoundry.train.callbacks.settings import OptimizerMonitorSettings
+from llmfoundry.train.state import TrainState
 
 
 class OptimizerMonitor(Callback):
     def __init__(self, settings: OptimizerMonitorSettings):
         self.s = settings
 
-    def on_optimizer_step(self, trainer, metrics):
-        if (trainer.time.batch + 1) % self.s.batch_log_interval != 0:  # time.batch counts the batches before this
+    def on_optimizer_step(self, state: TrainState, metrics):
+        if (state.time.batch + 1) % self.s.batch_log_interval != 0:  # time.batch counts the batches before this
             return
         names: list[str] = []
         local: list[torch.Tensor] = []  # squared norms of this rank's part
         share: list[float] = []  # 1 / how many ranks hold each element (0: a plain tensor, not summed over ranks)
-        optimizer = trainer.optimizer
+        optimizer = state.optimizer
         group_of = {id(p): group for group in optimizer.param_groups for p in group["params"]}
-        for name, param in trainer.model.named_parameters():
+        for name, param in state.model.named_parameters():
             if param.grad is None or not param.requires_grad:
                 continue
             values = {"grad": param.grad}

@@ -17,6 +17,7 @@ from llmfoundry.core.errors import ConfigError
 from llmfoundry.train.callbacks.base import Callback
 from llmfoundry.train.callbacks.param_names import our_name
 from llmfoundry.train.callbacks.settings import GlobalLRScalingSettings, LayerFreezingSettings
+from llmfoundry.train.state import TrainState
 
 log = logging.getLogger(__name__)
 
@@ -25,9 +26,9 @@ class GlobalLRScaling(Callback):
     def __init__(self, settings: GlobalLRScalingSettings):
         self.s = settings
 
-    def on_fit_start(self, trainer):
-        decoupled_adamw = trainer.cfg.optimizer.name == "decoupled_adamw"
-        for group in trainer.optimizer.param_groups:
+    def on_fit_start(self, state: TrainState):
+        decoupled_adamw = state.optimizer_name == "decoupled_adamw"
+        for group in state.optimizer.param_groups:
             group["lr"] *= self.s.lr_scale
             if "initial_lr" in group:
                 group["initial_lr"] *= self.s.lr_scale
@@ -38,7 +39,7 @@ class GlobalLRScaling(Callback):
             else:
                 group["weight_decay"] = decay
             log.info("global_lr_scaling: lr %g, weight decay %g", group["lr"], decay)
-        scheduler = trainer.scheduler
+        scheduler = state.scheduler
         scheduler.base_lrs = [lr * self.s.lr_scale for lr in scheduler.base_lrs]
 
 
@@ -46,8 +47,8 @@ class LayerFreezing(Callback):
     def __init__(self, settings: LayerFreezingSettings):
         self.layer_names = list(settings.layer_names)
 
-    def on_fit_start(self, trainer):
-        params = dict(trainer.model.named_parameters())
+    def on_fit_start(self, state: TrainState):
+        params = dict(state.model.named_parameters())
         wanted = {our_name(name, set(params)) for name in self.layer_names}
         unknown = sorted(name for name in self.layer_names if our_name(name, set(params)) not in params)
         if unknown:
@@ -60,7 +61,7 @@ class LayerFreezing(Callback):
                               "nothing to freeze")
         for name in frozen:
             params[name].requires_grad_(False)
-        trainer._print(f"layer_freezing: froze {len(frozen)} parameters")
+        state.print(f"layer_freezing: froze {len(frozen)} parameters")
 
 
 def build_global_lr_scaling(settings: GlobalLRScalingSettings) -> Callback:

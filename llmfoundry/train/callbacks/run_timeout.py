@@ -15,6 +15,7 @@ import threading
 
 from llmfoundry.train.callbacks.base import Callback
 from llmfoundry.train.callbacks.settings import RunTimeoutSettings
+from llmfoundry.train.state import TrainState
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +25,7 @@ class RunTimeout(Callback):
         self.timeout = settings.timeout
         self.timer: threading.Timer | None = None
 
-    def on_fit_end(self, trainer):
+    def on_fit_end(self, state: TrainState):
         if self.timer is not None:
             self.timer.cancel()
         # a daemon thread: a process that exits normally does not wait for it

@@ -13,6 +13,7 @@ import time
 from llmfoundry.train.callbacks.base import Callback
 from llmfoundry.train.callbacks.settings import SECONDS_PER_UNIT, RuntimeEstimatorSettings
 from llmfoundry.train.callbacks.speed_monitor import WallClock
+from llmfoundry.train.state import TrainState
 
 
 class RuntimeEstimator(Callback):
@@ -29,28 +30,28 @@ class RuntimeEstimator(Callback):
         self.eval_seconds: list[float] = []  # each evaluation since the clock started
         self.fraction_per_eval = 0.0  # of max_duration, between evaluations
 
-    def on_fit_start(self, trainer):
+    def on_fit_start(self, state: TrainState):
         self._reset()
-        for logger in trainer.loggers:  # rank 0's loggers (other ranks have none)
+        for logger in state.loggers:  # rank 0's loggers (other ranks have none)
             logger.log_hyperparameters({"time/remaining_estimate_unit": self.settings.time_unit})
 
     @staticmethod
-    def _fraction(trainer) -> float:
+    def _fraction(state: TrainState) -> float:
         """How much of max_duration is done (the trainer counts every unit of max_duration in batches)."""
-        return trainer.time.batch / max(1, trainer.max_batches)
+        return state.time.batch / max(1, state.max_batches)
 
-    def on_batch_start(self, trainer):
+    def on_batch_start(self, state: TrainState):
         if self.start_time is None and self.to_skip == 0:
             self.start_time = time.perf_counter()
-            self.start_fraction = self._fraction(trainer)
+            self.start_fraction = self._fraction(state)
             self.clock = WallClock()
 
-    def on_batch_end(self, trainer, metrics):
+    def on_batch_end(self, state: TrainState, metrics):
         self.clock.batch_end()
         if self.to_skip > 0:
             self.to_skip -= 1
             return
-        fraction = self._fraction(trainer)
+        fraction = self._fraction(state)
         if self.start_time is None or fraction <= self.start_fraction:
             return
         elapsed = time.perf_counter() - self.start_time - sum(self.eval_seconds)
@@ -62,15 +63,15 @@ class RuntimeEstimator(Callback):
             remaining += average * (expected - done)
         metrics["time/remaining_estimate"] = remaining / self.divider
 
-    def on_eval_start(self, trainer):
+    def on_eval_start(self, state: TrainState):
         self.clock.eval_started()
 
-    def on_eval_end(self, trainer, metrics):
+    def on_eval_end(self, state: TrainState, metrics):
         seconds = self.clock.eval_ended()
         if self.start_time is None:  # evaluations before the clock started (eval_first) do not count
             return
         self.eval_seconds.append(seconds)
-        self.fraction_per_eval = (self._fraction(trainer) - self.start_fraction) / len(self.eval_seconds)
+        self.fraction_per_eval = (self._fraction(state) - self.start_fraction) / len(self.eval_seconds)
 
 
 def build_runtime_estimator(settings: RuntimeEstimatorSettings) -> Callback:

@@ -12,6 +12,7 @@ import torch
 
 from llmfoundry.train.callbacks.base import Callback
 from llmfoundry.train.callbacks.settings import ScheduledGCSettings
+from llmfoundry.train.state import TrainState
 
 
 def collect() -> None:
@@ -26,30 +27,30 @@ class ScheduledGC(Callback):
         self.was_enabled: bool | None = None
         self.collections = 0  # full collections run by this callback
 
-    def on_fit_start(self, trainer):
+    def on_fit_start(self, state: TrainState):
         self.was_enabled = gc.isenabled()
         gc.disable()
         collect()
 
-    def on_batch_start(self, trainer):
-        batch = trainer.time.batch  # batches done, as Composer's timestamp before the dataloader
+    def on_batch_start(self, state: TrainState):
+        batch = state.time.batch  # batches done, as Composer's timestamp before the dataloader
         if self.s.gen_1_batch_interval is not None and batch % self.s.gen_1_batch_interval == 0:
             gc.collect(1)
         if batch % self.s.batch_interval == 0:
             collect()
             self.collections += 1
 
-    def on_eval_start(self, trainer):
+    def on_eval_start(self, state: TrainState):
         collect()
         if not self.s.eval_keep_disabled:
             gc.enable()
 
-    def on_eval_end(self, trainer, metrics):
+    def on_eval_end(self, state: TrainState, metrics):
         if not self.s.eval_keep_disabled and self.was_enabled is not None:  # eval_first runs inside fit too
             gc.disable()
         collect()
 
-    def on_fit_end(self, trainer):
+    def on_fit_end(self, state: TrainState):
         collect()
         if self.was_enabled:
             gc.enable()

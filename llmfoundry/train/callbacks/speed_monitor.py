@@ -20,6 +20,7 @@ from llmfoundry.core import dist
 from llmfoundry.core.notices import notice_once
 from llmfoundry.train.callbacks.base import Callback
 from llmfoundry.train.callbacks.settings import SECONDS_PER_UNIT, SpeedMonitorSettings
+from llmfoundry.train.state import TrainState
 
 # Dense peak FLOP/s per device family and trainer precision, as Composer's table has them (datasheets' sparse
 # figures halved). fp32 is plain fp32, not TF32.
@@ -103,37 +104,37 @@ class SpeedMonitor(Callback):
         self.flops_so_far = 0.0
         self.flops_per_token: dict[int, float] = {}
 
-    def on_fit_start(self, trainer):
+    def on_fit_start(self, state: TrainState):
         self.peak = self.settings.gpu_flops_available
         if self.peak is None:
-            self.peak = device_peak_flops(trainer.device, trainer.cfg.precision)
-            if self.peak is None and trainer.device.type == "cuda":
+            self.peak = device_peak_flops(state.device, state.precision)
+            if self.peak is None and state.device.type == "cuda":
                 notice_once(f"callbacks.speed_monitor: no peak FLOP/s known for {torch.cuda.get_device_name()} at "
-                            f"{trainer.cfg.precision}, so throughput/device/mfu is not logged (set "
+                            f"{state.precision}, so throughput/device/mfu is not logged (set "
                             "gpu_flops_available)")
-        if trainer.time.batch > 0:
+        if state.time.batch > 0:
             notice_once("callbacks.speed_monitor: time/train, time/val and time/total count from this restart "
                         "(Composer continues them from the checkpoint)")
         self.window.clear()
         self.clock = WallClock()
         self.flops_so_far = 0.0
 
-    def _batch_flops(self, trainer) -> float:
+    def _batch_flops(self, state: TrainState) -> float:
         """Model FLOPs of this step's global batch: every rank's input_ids size times FLOPs per token (the ranks of a
         tensor-parallel group compute one batch together: it counts once)."""
-        ids = trainer.batch["input_ids"]
+        ids = state.batch["input_ids"]
         seq_len = ids.shape[1]
         if seq_len not in self.flops_per_token:
-            self.flops_per_token[seq_len] = float(trainer.model.flops_per_token(seq_len))
+            self.flops_per_token[seq_len] = float(state.model.flops_per_token(seq_len))
         local = torch.tensor(self.flops_per_token[seq_len] * ids.numel(), dtype=torch.float64, device=ids.device)
-        return float(dist.all_reduce_sum(local)) / trainer.data_share.replication
+        return float(dist.all_reduce_sum(local)) / state.data_share.replication
 
-    def on_batch_end(self, trainer, metrics):
-        self.flops_so_far += self._batch_flops(trainer)  # a collective: every rank, every batch
+    def on_batch_end(self, state: TrainState, metrics):
+        self.flops_so_far += self._batch_flops(state)  # a collective: every rank, every batch
         train_seconds = self.clock.batch_end()
-        self.window.append((train_seconds, trainer.time.sample, trainer.time.token, self.flops_so_far))
+        self.window.append((train_seconds, state.time.sample, state.time.token, self.flops_so_far))
         if len(self.window) == self.window.maxlen:
-            metrics.update(self._throughput(trainer.dist.world_size))
+            metrics.update(self._throughput(state.dist.world_size))
         eval_seconds = self.clock.eval_seconds
         metrics["time/train"] = train_seconds / self.divider
         metrics["time/val"] = eval_seconds / self.divider
@@ -157,10 +158,10 @@ class SpeedMonitor(Callback):
             out["throughput/device/mfu"] = flops_per_sec / world / self.peak
         return out
 
-    def on_eval_start(self, trainer):
+    def on_eval_start(self, state: TrainState):
         self.clock.eval_started()
 
-    def on_eval_end(self, trainer, metrics):
+    def on_eval_end(self, state: TrainState, metrics):
         self.clock.eval_ended()
 
 

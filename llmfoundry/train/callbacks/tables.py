@@ -11,17 +11,17 @@ from typing import Any
 from llmfoundry.core.notices import notice_once
 
 
-def log_table(trainer: Any, name: str, columns: list[str], rows: list[list[Any]], key: str) -> int:
+def log_table(state: Any, name: str, columns: list[str], rows: list[list[Any]], key: str) -> int:
     """Hand the table to every logger that records tables (rank 0 holds the loggers); returns how many took it."""
     taken = 0
-    for logger in trainer.loggers:
+    for logger in state.loggers:
         record = getattr(logger, "log_table", None)
         if callable(record):
-            record(columns, rows, name=name, step=trainer.time.batch)
+            record(columns, rows, name=name, step=state.time.batch)
             taken += 1
-    if trainer.dist.is_main and not taken:
+    if state.dist.is_main and not taken:
         notice_once(f"{key}: none of the run's loggers records tables; they are printed to the console")
-        trainer._print(format_table(name, columns, rows))
+        state.print(format_table(name, columns, rows))
     return taken
 
 

@@ -4,14 +4,13 @@ train.profiling for the settings and the schedule's meaning)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
-
 import torch
 
 from llmfoundry.core import dist
 from llmfoundry.core.notices import notice_once
 from llmfoundry.train.callbacks.base import Callback
 from llmfoundry.train.profiling import ProfilerConfig
+from llmfoundry.train.state import TrainState
 
 
 class TorchProfiler(Callback):
@@ -22,19 +21,18 @@ class TorchProfiler(Callback):
         self.run_name = run_name
         self.written: list[Path] = []
         self._profile: torch.profiler.profile | None = None
-        self._trainer: Any = None
+        self._state: TrainState | None = None  # the run's, for the trace names
         if cfg.json_trace_handler is not None:
             notice_once("profiler.json_trace_handler: Composer's event trace has no counterpart here; the torch "
                         "traces in profiler.torch_prof_folder cover the profiled batches")
 
-    def _format(self, text: str, trainer: Any) -> str:
-        return text.format(run_name=self.run_name, rank=dist.rank(), epoch=trainer.time.epoch,
-                           batch=trainer.time.batch)
+    def _format(self, text: str, state: TrainState) -> str:
+        return text.format(run_name=self.run_name, rank=dist.rank(), epoch=state.time.epoch,
+                           batch=state.time.batch)
 
     def _write(self, profile: torch.profiler.profile) -> None:
-        trainer = self._trainer
-        path = Path(self._format(self.cfg.torch_prof_folder, trainer)) / self._format(self.cfg.torch_prof_filename,
-                                                                                         trainer)
+        state = self._state
+        path = Path(self._format(self.cfg.torch_prof_folder, state)) / self._format(self.cfg.torch_prof_filename, state)
         if self.cfg.torch_prof_use_gzip and path.suffix != ".gz":
             path = path.with_name(path.name + ".gz")
         if path.exists() and not self.cfg.torch_prof_overwrite:
@@ -48,9 +46,9 @@ class TorchProfiler(Callback):
             while len(self.written) > keep:
                 self.written.pop(0).unlink(missing_ok=True)
 
-    def on_fit_start(self, trainer: Any) -> None:
+    def on_fit_start(self, state: TrainState) -> None:
         s = self.cfg.schedule
-        self._trainer = trainer
+        self._state = state
         activities = [torch.profiler.ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -63,11 +61,11 @@ class TorchProfiler(Callback):
             with_flops=self.cfg.torch_prof_with_flops)
         self._profile.start()
 
-    def on_batch_end(self, trainer: Any, metrics: dict[str, float]) -> None:
+    def on_batch_end(self, state: TrainState, metrics: dict[str, float]) -> None:
         if self._profile is not None:
             self._profile.step()
 
-    def on_fit_end(self, trainer: Any) -> None:
+    def on_fit_end(self, state: TrainState) -> None:
         if self._profile is not None:
             self._profile.stop()
             self._profile = None
