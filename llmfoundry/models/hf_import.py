@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM
 
+from llmfoundry.config.validate import validate
 from llmfoundry.core.errors import ConfigError, first_line
 from llmfoundry.models.hf_export import (
     DBRX_BLOCK_TENSORS,
@@ -34,7 +35,7 @@ from llmfoundry.models.llm_foundry_mpt import (
     read_weights,
     state_from_llm_foundry,
 )
-from llmfoundry.models.mpt.arch import MPTArch, from_dict
+from llmfoundry.models.mpt.arch import MPTArch
 from llmfoundry.models.mpt.config import MPTConfig
 from llmfoundry.models.mpt.model import MPTForCausalLM
 
@@ -71,9 +72,7 @@ def arch_from_transformers(config, **overrides: Any) -> MPTArch:
     otherwise), with ``overrides`` (run-time options; ``attn_config`` a dict of its own) applied, then validated."""
     values = _mpt_values(config)
     attn_config = {**values.pop("attn_config", {}), **overrides.pop("attn_config", {})}
-    arch = from_dict(MPTArch, {**values, **overrides, "attn_config": attn_config}, "model")
-    arch.validate()
-    return arch
+    return validate({**values, **overrides, "attn_config": attn_config}, MPTArch, "model")
 
 
 def _mpt_values(config) -> dict[str, Any]:

@@ -24,10 +24,11 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from transformers import PretrainedConfig
 
+from llmfoundry.config.validate import validate
 from llmfoundry.core.errors import ConfigError, first_line
 from llmfoundry.models.layers.moe import expert_weight_from_llm_foundry
 from llmfoundry.models.layers.moe_keys import MOE_KEYS, is_moe
-from llmfoundry.models.mpt.arch import ARCH_KEYS, MPTArch, from_dict
+from llmfoundry.models.mpt.arch import ARCH_KEYS, MPTArch
 
 # Keys that only an llm-foundry MPTConfig writes (transformers' MptConfig has none of them).
 _LLM_FOUNDRY_ONLY_KEYS = ("ffn_config", "norm_eps", "fc_type", "init_config", "auto_map")
@@ -82,14 +83,9 @@ def arch_from_llm_foundry(config: dict[str, Any], source: str, **overrides: Any)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the NoPE warning: llm-foundry gave it when the model was made
-            arch = from_dict(MPTArch, {**values, **overrides}, "model")
-    except ConfigError as error:  # a key of attn_config / ffn_config that our MPT does not have
-        problems = error.problems
-    else:
-        problems = arch.check_settings("model")
-    if problems:
-        raise ConfigError.many([f"{source}: {p.removeprefix('model.')}" for p in problems])
-    return arch
+            return validate({**values, **overrides}, MPTArch, "model")
+    except ConfigError as error:  # e.g. a key of attn_config / ffn_config that our MPT does not have
+        raise ConfigError.many([f"{source}: {p.removeprefix('model.')}" for p in error.problems]) from None
 
 
 def _attn_values(attn: dict[str, Any], problems: list[str]) -> dict[str, Any]:

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from llmfoundry.core import notices
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.models.layers.moe import DroplessMoE, ExpertMLP, grouped_matmul, load_balancing_loss
-from llmfoundry.models.mpt.arch import MPTModelSettings, from_dict
+from llmfoundry.config.validate import validate
+from llmfoundry.models.mpt.arch import MPTModelSettings
 from llmfoundry.models.mpt.config import MPTConfig
 from llmfoundry.models.mpt.model import MPTForCausalLM
 from llmfoundry.registry import models
@@ -307,8 +308,8 @@ def test_moe_world_size_is_a_training_layout_that_evaluation_leaves_to_fsdp():
 def test_building_mb_moe_notes_that_megablocks_would_drop_tokens_over_capacity(ffn_type, said, caplog):
     """MegaBlocks' mb_moe drops routed tokens over its capacity (factor 1); ours is dropless: a notice says so."""
     notices._seen.clear()
-    settings = from_dict(MPTModelSettings, dict(d_model=32, n_heads=2, n_layers=2, vocab_size=64,
-                                                ffn_config={**MOE, "ffn_type": ffn_type}), "model")
+    settings = validate(dict(d_model=32, n_heads=2, n_layers=2, vocab_size=64,
+                             ffn_config={**MOE, "ffn_type": ffn_type}), MPTModelSettings, "model")
     with caplog.at_level(logging.WARNING, logger="llmfoundry"):
         models.get("mpt_causal_lm").builder(settings, None)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("model.ffn_config.ffn_type: mb_moe")]

@@ -141,3 +141,34 @@ def test_residual_projections_are_scaled_down():
     scaled = tiny_model(init_config={"init_div_is_residual": True}, n_layers=8)
     ratio = (plain.transformer.blocks[0].ffn.down_proj.weight.std() / scaled.transformer.blocks[0].ffn.down_proj.weight.std()).item()
     assert ratio == pytest.approx(4.0, rel=0.15)  # sqrt(2 * 8)
+
+
+def test_a_config_json_gets_the_recipe_schemas_answers_word_for_word(tmp_path):
+    """One validator for both forms: the same wrong values in a recipe's model section and in a config.json
+    give the same messages (a wrong type, a value outside the choices, keys that do not fit together), all at
+    once. (Keys that are not MPT's are transformers' in a config.json, kept as it keeps them.)"""
+    import json
+
+    from llmfoundry.train.recipe import validate_train_config
+
+    wrong = dict(d_model="wide", norm_type="batchnorm", n_heads=3, attn_config={"alibi": True, "rope": True})
+    with pytest.raises(ConfigError) as from_config:
+        MPTConfig(**wrong)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": MPTConfig.model_type, **wrong}))
+    with pytest.raises(ConfigError) as from_folder:
+        MPTForCausalLM.from_pretrained(tmp_path)
+    recipe = {"model": {"name": "mpt_causal_lm", **wrong}, "tokenizer": {"name": "gpt2"}, "max_seq_len": 32,
+              "global_train_batch_size": 2, "max_duration": "1ba", "optimizer": {"name": "adamw", "lr": 1e-3},
+              "train_loader": {"name": "text", "dataset": {"local": str(tmp_path)}}}
+    with pytest.raises(ConfigError) as from_recipe:
+        validate_train_config(recipe)
+    in_recipe = {p for p in from_recipe.value.problems if p.startswith("model.")}
+    assert set(from_config.value.problems) == set(from_folder.value.problems) == in_recipe
+    assert "model.d_model: expected an int, got 'wide'" in in_recipe
+    assert any(p.startswith("model.norm_type: 'batchnorm' is not one of") for p in in_recipe)
+
+    with pytest.raises(ConfigError) as fitting:  # each key valid alone: then how they fit together, as in a recipe
+        MPTConfig(d_model=32, n_heads=3, attn_config={"alibi": True, "rope": True})
+    assert fitting.value.problems == [
+        "model.d_model: 32 is not divisible by model.n_heads=3 (or set model.head_dim)",
+        "model.attn_config.alibi and model.attn_config.rope: choose one positional scheme"]

@@ -9,8 +9,8 @@ Where an architecture key such as ``model.n_layers`` travels, and the one place 
 
 * a recipe: the schema validates ``MPTModelSettings`` (incl. ``check_settings``) -> ``settings.arch()`` ->
   ``MPTForCausalLM.from_arch(arch)``, whose ``MPTConfig.from_arch`` only copies the values out for saving;
-* a folder: ``config.json`` -> ``MPTConfig(**values)`` parses and validates -> ``MPTForCausalLM(config)``
-  takes the typed ``config.arch()`` made there.
+* a folder: ``config.json`` -> ``MPTConfig(**values)``, which hands the values to the same schema validator
+  (config/validate.py, against ``MPTArch``) -> ``MPTForCausalLM(config)`` takes the typed ``config.arch()``.
 
 Names and defaults follow llm-foundry, except ``attn_impl`` whose default is ``sdpa`` so that the default model
 runs on a CPU.
@@ -19,13 +19,11 @@ runs on a CPU.
 from __future__ import annotations
 
 import dataclasses
-import typing
 import warnings
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from llmfoundry.config.fields import option
-from llmfoundry.core.errors import ConfigError, did_you_mean
 from llmfoundry.models.layers.act_fn import activation_problem
 from llmfoundry.models.layers.moe_keys import moe_problems
 from llmfoundry.models.layers.rope_scaling import ROPE_SCALING_KEYS, ROPE_SCALING_REQUIRED
@@ -214,9 +212,9 @@ class MPTArch:
                           "has no positional information (NoPE), as llm-foundry also warns", stacklevel=3)
 
     def check_settings(self, prefix: str = "model") -> list[str]:
-        """Every inconsistent key, one message each (called by the schema validator, and by validate())."""
+        """Every inconsistent key, one message each (called by config/validate.py once each key is valid alone)."""
         p, a, f = prefix, self.attn_config, self.ffn_config
-        problems = _literal_problems(self, p)  # config.json values do not pass through the schema's type checks
+        problems = []
         for key in ("d_model", "n_heads", "n_layers", "max_seq_len", "vocab_size"):
             if getattr(self, key) <= 0:
                 problems.append(f"{p}.{key}: must be positive, got {getattr(self, key)}")
@@ -263,12 +261,6 @@ class MPTArch:
         if self.init_config.name == "baseline_" and self.init_config.init_std is None:
             problems.append(f"{p}.init_config.init_std: required by init_config.name=baseline_")
         return problems
-
-    def validate(self, prefix: str = "model") -> None:
-        """Raise ConfigError naming every inconsistent key."""
-        problems = self.check_settings(prefix)
-        if problems:
-            raise ConfigError.many(problems)
 
 
 def _layer_key_problems(arch: MPTArch, p: str) -> list[str]:
@@ -320,39 +312,6 @@ def _layer_key_problems(arch: MPTArch, p: str) -> list[str]:
     if arch.block_overrides is not None:
         problems += check_block_overrides(arch.block_overrides, arch.n_layers, f"{p}.block_overrides")
     return problems
-
-
-def _literal_problems(section: Any, prefix: str) -> list[str]:
-    """Values outside a Literal field's choices, in ``section`` and its nested sections."""
-    problems = []
-    hints = typing.get_type_hints(type(section))
-    for f in dataclasses.fields(section):
-        value, kind = getattr(section, f.name), hints[f.name]
-        if dataclasses.is_dataclass(value):
-            problems += _literal_problems(value, f"{prefix}.{f.name}")
-        elif typing.get_origin(kind) is Literal and value not in typing.get_args(kind):
-            choices = ", ".join(str(c) for c in typing.get_args(kind))
-            problems.append(f"{prefix}.{f.name}: '{value}' is not one of {choices}")
-    return problems
-
-
-# -- dict <-> dataclass helpers (also used by the schema-free paths: config.json, tests) ----------------------
-
-def from_dict(cls: type, values: dict[str, Any], prefix: str) -> Any:
-    """Build dataclass ``cls`` from a dict, recursing into nested dataclass fields; unknown keys are errors."""
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = [k for k in values if k not in fields]
-    if unknown:
-        raise ConfigError.many([f"{prefix}.{k}: unknown key{did_you_mean(k, fields)}" for k in unknown])
-    kwargs = {}
-    for name, value in values.items():
-        default = fields[name].default_factory if fields[name].default_factory is not dataclasses.MISSING else None
-        if dataclasses.is_dataclass(default) and isinstance(value, dict):
-            value = from_dict(default, value, f"{prefix}.{name}")
-        elif dataclasses.is_dataclass(default) and value is None:
-            value = default()
-        kwargs[name] = value
-    return cls(**kwargs)
 
 
 def to_dict(obj: Any) -> dict[str, Any]:

@@ -2,8 +2,9 @@
 
 It holds the values of ``MPTArch`` (models/mpt/arch.py, the typed options and their checks) as plain attributes,
 nested sections as dicts, so that ``config.json`` stays readable and llm-foundry-like, for transformers'
-save_pretrained / from_pretrained / generate machinery. A config.json read by from_pretrained is parsed and
-validated here; a recipe's architecture, validated by the schema, is only copied in (``MPTConfig.from_arch``).
+save_pretrained / from_pretrained / generate machinery. A config.json read by from_pretrained is validated by the
+recipes' schema validator (config/validate.py, against ``MPTArch``); a recipe's architecture, validated by the same
+validator, is only copied in (``MPTConfig.from_arch``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
-from llmfoundry.models.mpt.arch import ARCH_KEYS, MPTArch, from_dict, to_dict
+from llmfoundry.config.validate import validate
+from llmfoundry.models.mpt.arch import ARCH_KEYS, MPTArch, to_dict
 
 
 class MPTConfig(PretrainedConfig):
@@ -58,9 +60,7 @@ class MPTConfig(PretrainedConfig):
 
 
 def _parse_arch(values: dict[str, Any]) -> MPTArch:
-    arch = from_dict(MPTArch, values, "model")
-    arch.validate()
-    return arch
+    return validate(values, MPTArch, "model")
 
 
 def resolve_attn_impl(impl: str) -> str:
