@@ -114,3 +114,64 @@ def _imported_modules(tree: ast.AST) -> list[str]:
 def test_the_probe_finder_sees_a_probe():
     code = "def f(trainer, model):\n    getattr(model, 'arch', None)\n    hasattr(trainer.model, 'x')\n    getattr(cfg, 'y')\n"
     assert [p.split(":")[0] for p in _model_probes(ast.parse(code))] == ["line 2", "line 3"]
+
+
+# The whole recipe (TrainConfig) goes to few places; every other module gets its own section or plain values.
+MAX_RECIPE_MODULES = 10
+
+
+def _callee_modules(tree: ast.AST) -> dict[str, str]:
+    """The module each imported name of ``tree`` comes from: ``compat`` -> llmfoundry.train.compat, ..."""
+    origin = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for alias in node.names:
+                origin[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                origin[alias.asname or alias.name] = alias.name
+    return origin
+
+
+def _module_path(name: str, root: Path) -> Path | None:
+    for candidate in (name, name.rsplit(".", 1)[0]):
+        path = root / (candidate.replace(".", "/") + ".py")
+        if path.exists():
+            return path
+    return None
+
+
+def recipe_modules(start: Path, root: Path = PACKAGE.parent) -> set[str]:
+    """Modules the recipe object reaches from ``start`` (the trainer): those it is passed to as ``cfg`` (or the
+    trainer itself, whose ``cfg`` they may read), followed through them, plus start itself. The trainer hands
+    itself to its TrainState only as ``services`` (RunServices: save, restore, ...), which is not counted."""
+    carriers = {"cfg", "self.cfg", "trainer", "trainer.cfg"}
+    reached, todo = set(), [start]
+    while todo:
+        path = todo.pop()
+        name = ".".join(path.relative_to(root).with_suffix("").parts)
+        if name in reached:
+            continue
+        reached.add(name)
+        tree = ast.parse(path.read_text())
+        origin = _callee_modules(tree)
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            passed = [ast.unparse(a) for a in node.args]
+            passed += [ast.unparse(k.value) for k in node.keywords if k.arg != "services"]
+            if not any(p in carriers or (path == start and p == "self") for p in passed):
+                continue
+            head = node.func
+            while isinstance(head, ast.Attribute):
+                head = head.value
+            callee = _module_path(origin[head.id], root) if isinstance(head, ast.Name) and head.id in origin else None
+            if callee is not None:
+                todo.append(callee)
+    return reached
+
+
+def test_the_whole_recipe_reaches_few_modules():
+    reached = recipe_modules(PACKAGE / "train" / "trainer.py")
+    assert "llmfoundry.train.compat" in reached and "llmfoundry.eval.sections" in reached  # the finder finds them
+    assert len(reached) <= MAX_RECIPE_MODULES, f"{len(reached)} modules get the whole recipe: {sorted(reached)}"
