@@ -144,7 +144,7 @@ def _module_path(name: str, root: Path) -> Path | None:
 def recipe_modules(start: Path, root: Path = PACKAGE.parent) -> set[str]:
     """Modules the recipe object reaches from ``start`` (the trainer): those it is passed to as ``cfg`` (or the
     trainer itself, whose ``cfg`` they may read), followed through them, plus start itself. The trainer hands
-    itself to its TrainState only as ``services`` (RunServices: save, restore, ...), which is not counted."""
+    itself to its TrainState only as ``_services`` (RunServices: save, restore, ...), which is not counted."""
     carriers = {"cfg", "self.cfg", "trainer", "trainer.cfg"}
     reached, todo = set(), [start]
     while todo:
@@ -159,7 +159,7 @@ def recipe_modules(start: Path, root: Path = PACKAGE.parent) -> set[str]:
             if not isinstance(node, ast.Call):
                 continue
             passed = [ast.unparse(a) for a in node.args]
-            passed += [ast.unparse(k.value) for k in node.keywords if k.arg != "services"]
+            passed += [ast.unparse(k.value) for k in node.keywords if k.arg != "_services"]
             if not any(p in carriers or (path == start and p == "self") for p in passed):
                 continue
             head = node.func

@@ -54,8 +54,9 @@ class RunServices(Protocol):
         """Write a checkpoint of this batch now (every rank calls it); returns its path or URL."""
 
     def save_now(self) -> None:
-        """This batch's state safely stored, unless the trainer saves this batch anyway: saved and every upload
-        finished (a launcher's just-in-time checkpoint on a preemption notice)."""
+        """A launcher's just-in-time checkpoint on a preemption notice: this batch saved and the uploads so far
+        finished, unless the trainer saves this batch anyway (already saved, save_interval due, or the last
+        batch), in which case that save is left to the trainer and is not waited for here."""
 
     def finish_uploads(self) -> bool:
         """Wait (up to checkpoint_upload.wait_at_end_s) for checkpoint uploads; False if one did not complete."""
@@ -92,7 +93,7 @@ class TrainState:
     batch: dict[str, torch.Tensor] | None = None  # the device batch being trained on
     metrics: dict[str, float] = field(default_factory=dict)  # the step's metrics so far (what the hooks extend)
     restored_from: str | None = None  # the checkpoint the run started from
-    services: RunServices | None = field(default=None, repr=False)
+    _services: RunServices | None = field(default=None, repr=False)  # the trainer; callbacks use the methods
     _end: int = field(default=0, repr=False)
     _stop: tuple[int, str] | None = field(default=None, repr=False)
 
@@ -128,19 +129,19 @@ class TrainState:
             sys.stdout.flush()
 
     def save(self) -> str:
-        return self._services().save()
+        return self._run().save()
 
     def save_now(self) -> None:
-        self._services().save_now()
+        self._run().save_now()
 
     def finish_uploads(self) -> bool:
-        return self._services().finish_uploads()
+        return self._run().finish_uploads()
 
     def restore(self, load_path: str, weights_only: bool = False, strict: bool = True,
                 ignore_keys: list[str] | None = None) -> None:
-        self._services().restore(load_path, weights_only, strict, ignore_keys)
+        self._run().restore(load_path, weights_only, strict, ignore_keys)
 
-    def _services(self) -> RunServices:
-        if self.services is None:
+    def _run(self) -> RunServices:
+        if self._services is None:
             raise RuntimeError("this run does not train (llmfoundry eval): it cannot save or restore checkpoints")
-        return self.services
+        return self._services

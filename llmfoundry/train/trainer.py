@@ -137,10 +137,12 @@ class Trainer:
             optimizer_name=cfg.optimizer.name, scheduler=self.scheduler, rates=self.rates,
             eval_loaders=self.eval_loaders, icl_evaluator=self.icl.evaluator if self.icl else None,
             model_section=cfg.model, save_folder=cfg.save_folder, checkpoint_upload=cfg.checkpoint_upload,
-            preemption=self.preemption, log_to_console=cfg.log_to_console, time=self.time, services=self)
+            preemption=self.preemption, log_to_console=cfg.log_to_console, time=self.time, _services=self)
         self.state.end_at(self.rates.max_duration_batches)
+        self.saved_batch = -1  # the batch of the newest checkpoint (save() sets it)
         self.checkpoint_components()  # a callback's state_name that clashes is refused before training
         self._resume()
+        self.previous_time = TrainTime(**self.time.state_dict())  # the time before the last batch (tok / sp)
         self.checkpointer.check_can_write(resuming=self.time.batch > 0)
 
     # ----- set-up -----
@@ -214,8 +216,8 @@ class Trainer:
                    disable=not (cfg.progress_bar and self.dist.is_main and sys.stderr.isatty()))
         last_metrics: dict[str, float] = {}
         last_eval_batch = -1
-        # the batch of the newest checkpoint (save() sets it): a resumed run's is the one it started from
-        self.saved_batch = self.time.batch if self.time.batch > 0 else -1
+        if self.time.batch > 0:  # resumed: the checkpoint it started from is this batch's
+            self.saved_batch = max(self.saved_batch, self.time.batch)
         if cfg.eval_first and self.time.batch == 0 and self.can_evaluate:
             last_metrics.update(self.evaluate())
             last_eval_batch = 0

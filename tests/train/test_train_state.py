@@ -19,27 +19,45 @@ HOOKS = {name for name in vars(Callback) if name.startswith("on_")} | {"should_s
 CALLBACK_MODULES = sorted(PACKAGE.glob("train/callbacks/*.py")) + [PACKAGE / "launch/ray_worker.py"]
 
 
+def _state_holders(cls: ast.ClassDef) -> set[str]:
+    """The expressions that hold the run's state in a callback class: ``state`` and every ``self.X`` a hook
+    stores it in (``self._state = state``)."""
+    holders = {"state"}
+    for node in ast.walk(cls):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Name) and node.value.id == "state":
+            holders |= {ast.unparse(t) for t in node.targets if isinstance(t, ast.Attribute)}
+    return holders
+
+
 def _hook_problems(path: Path) -> list[str]:
-    """In the module's classes: hooks whose state parameter is not annotated TrainState, any name ``trainer``, and
-    assignments to a state's attributes (``state.x = ...``): a callback changes the run through the state's
-    methods."""
+    """In the module's classes: hooks whose state parameter is not annotated TrainState, any name ``trainer``,
+    the state's services (the trainer behind its methods), and assignments to the state's attributes
+    (``state.x = ...``, also through an attribute it was stored in, or setattr): a callback changes the run
+    through the state's methods."""
     tree = ast.parse(path.read_text())
     where = path.relative_to(PACKAGE.parent)
     problems = []
-    classes = [node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)]
-    for node in (inner for cls in classes for inner in ast.walk(cls)):
-        if isinstance(node, ast.FunctionDef) and node.name in HOOKS:
-            params = node.args.args
-            annotation = ast.unparse(params[1].annotation) if len(params) > 1 and params[1].annotation else None
-            if annotation != "TrainState":
-                problems.append(f"{where}:{node.lineno} {node.name}: its state parameter is typed {annotation}")
-        if isinstance(node, ast.Name) and node.id == "trainer":
-            problems.append(f"{where}:{node.lineno} reads a trainer")
-        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+    for cls in (node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)):
+        holders = _state_holders(cls)
+        for node in ast.walk(cls):
+            if isinstance(node, ast.FunctionDef) and node.name in HOOKS:
+                params = node.args.args
+                annotation = ast.unparse(params[1].annotation) if len(params) > 1 and params[1].annotation else None
+                if annotation != "TrainState":
+                    problems.append(f"{where}:{node.lineno} {node.name}: its state parameter is typed {annotation}")
+            if isinstance(node, ast.Name) and node.id == "trainer":
+                problems.append(f"{where}:{node.lineno} reads a trainer")
+            if isinstance(node, ast.Attribute) and node.attr == "_services":
+                problems.append(f"{where}:{node.lineno} reaches the state's services")
+            targets = []
+            if isinstance(node, ast.Assign):
+                targets = node.targets
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                targets = [node.target]
+            elif isinstance(node, ast.Call) and ast.unparse(node.func) == "setattr" and node.args:
+                targets = [ast.Attribute(value=node.args[0], attr="?")]
             for target in targets:
-                if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) \
-                        and target.value.id in ("state", "run"):
+                if isinstance(target, ast.Attribute) and ast.unparse(target.value) in holders:
                     problems.append(f"{where}:{node.lineno} assigns {ast.unparse(target)}")
     return problems
 
@@ -53,15 +71,18 @@ def test_the_check_finds_an_untyped_hook_a_trainer_and_an_assignment(tmp_path):
     sample = tmp_path / "llmfoundry" / "sample.py"
     sample.parent.mkdir()
     sample.write_text("trainer = None\n\nclass C:\n    def on_batch_end(self, state, metrics):\n        state.max_batches = 1\n"
-                      "    def on_fit_start(self, state: TrainState):\n        trainer = state\n")
+                      "    def on_fit_start(self, state: TrainState):\n        trainer = state\n        self.run = state\n"
+                      "    def later(self):\n        self.run.batch = None\n        setattr(self.run, 'time', 0)\n"
+                      "        self.run._services.save()\n")
     global PACKAGE
     saved, PACKAGE = PACKAGE, tmp_path / "llmfoundry"
     try:
         found = _hook_problems(sample)
     finally:
         PACKAGE = saved
-    assert [line.split(" ", 1)[1] for line in found] == [
-        "on_batch_end: its state parameter is typed None", "assigns state.max_batches", "reads a trainer"]
+    assert sorted(line.split(" ", 1)[1] for line in found) == sorted([
+        "on_batch_end: its state parameter is typed None", "assigns state.max_batches", "reads a trainer",
+        "assigns self.run.batch", "assigns self.run.?", "reaches the state's services"])
 
 
 def _state(batch: int = 0) -> TrainState:
