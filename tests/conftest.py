@@ -10,7 +10,14 @@ import os
 
 import pytest
 
-from tests.helpers import S3_TEST_BUCKET, TINY_RECIPE_SEQ, convert_text_folder, make_corpus, write_text_folder
+from tests.helpers import (
+    GCS_TEST_BUCKET,
+    S3_TEST_BUCKET,
+    TINY_RECIPE_SEQ,
+    convert_text_folder,
+    make_corpus,
+    write_text_folder,
+)
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -126,6 +133,53 @@ def s3_server(moto_s3, monkeypatch):
 
     boto3.client("s3", endpoint_url=moto_s3.url).create_bucket(Bucket=S3_TEST_BUCKET)
     yield moto_s3.url
+
+
+# ----------------------------------------------------------------------------------------------- GCS (emulator)
+class GCSEmulator:
+    """gcp-storage-emulator (PyPI) in a thread on 127.0.0.1 (a free port), objects in memory."""
+
+    def __init__(self):
+        import socket
+
+        from gcp_storage_emulator.server import create_server
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        self._server = create_server("127.0.0.1", port, in_memory=True)
+        self._server.start()
+
+    def reset(self, bucket: str) -> None:
+        """Delete every bucket and object, then make ``bucket`` (through the JSON API, as any client would)."""
+        import json
+        import urllib.request
+
+        self._server.wipe()
+        request = urllib.request.Request(f"{self.url}/storage/v1/b?project=test", method="POST",
+                                         data=json.dumps({"name": bucket}).encode(),
+                                         headers={"Content-Type": "application/json"})
+        urllib.request.urlopen(request, timeout=10).read()
+
+    def stop(self) -> None:
+        self._server.stop()
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator():
+    server = GCSEmulator()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def gcs_server(gcs_emulator, monkeypatch):
+    """URL of a running, empty GCS emulator holding the bucket ``tests.helpers.GCS_TEST_BUCKET``; sets
+    STORAGE_EMULATOR_HOST for the test (and the processes it starts)."""
+    gcs_emulator.reset(GCS_TEST_BUCKET)
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator.url)
+    yield gcs_emulator.url
 
 
 def _threads_alive() -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 # The bucket the ``s3_server`` fixture (tests/conftest.py) creates on the moto server.
 S3_TEST_BUCKET = "llmfoundry-test"
+GCS_TEST_BUCKET = "llmfoundry-gcs-test"
 
 _WORDS = (
     "the a model learns to predict next token from data which flows through layers of attention and "

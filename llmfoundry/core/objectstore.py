@@ -1,4 +1,6 @@
-"""Object storage: the one module that talks to ``s3://`` stores (AWS S3, R2, MinIO, any S3-compatible endpoint).
+"""Object storage: the one module that talks to ``s3://`` stores (AWS S3, R2, MinIO, any S3-compatible endpoint)
+and, for checkpoints so far, ``gs://`` (Google Cloud Storage through core/gcs.py, which answers the same client
+calls).
 
 Everything that reads or writes a URL goes through here: checkpoints (train.checkpointer / train.uploads), data
 preparation (data.prep), ICL task files (eval.icl.data) and model folders (loading). It gives
@@ -17,6 +19,7 @@ preparation (data.prep), ICL task files (eval.icl.data) and model folders (loadi
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import shutil
 import tempfile
@@ -29,11 +32,18 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from llmfoundry.core.errors import ConfigError, first_line
+from llmfoundry.core.gcs import GCSClient
+from llmfoundry.core.gcs import emulator as gcs_emulator
 
 T = TypeVar("T")
 S3 = "s3://"
+GS = "gs://"
+# The stores each kind of path can use today: checkpoints (save_folder, load_path, autoresume) also on GCS; data,
+# task files, exports and the rest on S3 (streaming reads gs:// data with its own client, not tested here yet).
+CHECKPOINT_STORES = (S3, GS)
+STORES = (S3, GS)  # what ObjectFolder and the whole-file helpers speak
 # Stores that llm-foundry (through Composer) reads; named in the error so that a recipe using one fails clearly.
-OTHER_STORES = ("gs://", "oci://", "az://", "azure://", "abfs://", "abfss://", "wasb://", "wasbs://", "hf://",
+OTHER_STORES = ("oci://", "az://", "azure://", "abfs://", "abfss://", "wasb://", "wasbs://", "hf://",
                 "dbfs:", "uc://")  # fmt: skip
 _MISSING = {"404", "nosuchkey", "notfound", "nosuchbucket", "nosuchentity"}
 
@@ -46,21 +56,28 @@ def is_remote(path: str | os.PathLike | None) -> bool:
     return "://" in path or path.startswith("dbfs:")
 
 
-def check_url(url: str, key: str = "path") -> None:
-    """Raise a one-line ConfigError unless ``url`` is an ``s3://bucket[/prefix]`` URL."""
-    if url.startswith(S3):
-        if not url[len(S3):].partition("/")[0]:
-            raise ConfigError(f"{key}: '{url}' has no bucket (use s3://bucket/path)")
-        return
+def check_url(url: str, key: str = "path", stores: tuple[str, ...] = (S3,)) -> None:
+    """Raise a one-line ConfigError unless ``url`` is a ``scheme://bucket[/prefix]`` URL of one of ``stores``."""
     scheme = url.split("://", 1)[0] + "://" if "://" in url else url.split(":", 1)[0] + ":"
-    raise ConfigError(f"{key}: '{url}': {scheme} object stores are not supported; use a local path or an s3:// URL "
-                      "(any S3-compatible store works through S3_ENDPOINT_URL)")
+    if scheme in stores:
+        if not url[len(scheme):].partition("/")[0]:
+            raise ConfigError(f"{key}: '{url}' has no bucket (use {scheme}bucket/path)")
+        if scheme == GS and importlib.util.find_spec("gcsfs") is None:
+            raise ConfigError(f"{key}: '{url}': gs:// needs gcsfs (pip install 'llmfoundry[gcs]')")
+        return
+    named = " or ".join(f"an {s} URL" if s == S3 else f"a {s} URL" for s in stores)
+    more = "" if GS in stores or scheme != GS else f" ({GS} works for {', '.join(CHECKPOINT_KEYS)} so far)"
+    raise ConfigError(f"{key}: '{url}': {scheme} object stores are not supported here{more}; use a local path or "
+                      f"{named} (any S3-compatible store works through S3_ENDPOINT_URL)")
 
 
-def split_url(url: str, key: str = "path") -> tuple[str, str]:
+CHECKPOINT_KEYS = ("save_folder", "load_path")  # (named in the error for gs:// elsewhere)
+
+
+def split_url(url: str, key: str = "path", stores: tuple[str, ...] = (S3,)) -> tuple[str, str]:
     """``s3://bucket/a/b/`` -> (``bucket``, ``a/b``)."""
-    check_url(url, key)
-    bucket, _, prefix = url[len(S3):].partition("/")
+    check_url(url, key, stores)
+    bucket, _, prefix = url.split("://", 1)[1].partition("/")
     return bucket, prefix.strip("/")
 
 
@@ -76,6 +93,13 @@ def _join_key(*parts: str) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- client and errors
+def client_for(url: str, max_attempts: int = 3):
+    """The client for ``url``'s store: boto3's S3 client, or for ``gs://`` core/gcs.GCSClient (the same calls)."""
+    if url.startswith(GS):
+        return GCSClient()
+    return client(max_attempts=max_attempts)
+
+
 def endpoint() -> str | None:
     return os.environ.get("S3_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3") or None
 
@@ -163,6 +187,9 @@ _TRANSIENT = {"slowdown", "serviceunavailable", "internalerror", "requesttimeout
 
 def is_transient(error: BaseException) -> bool:
     """Whether the store answered with a server-side, passing failure (HTTP 5xx, SlowDown, throttling)."""
+    code = getattr(error, "code", None)  # gcsfs's HttpError (it has asked again itself first)
+    if isinstance(code, int) and (code >= 500 or code == 429):
+        return True
     response = getattr(error, "response", None)
     if not isinstance(response, dict):
         return False
@@ -185,16 +212,21 @@ def problem(error: BaseException) -> str:
 def explain(error: BaseException, url: str, key: str) -> ConfigError:
     """A one-line ConfigError for an object-store error met while setting up (not while uploading)."""
     code = error_code(error)
-    bucket = url[len(S3):].partition("/")[0] if url.startswith(S3) else url
-    where = endpoint() or "AWS S3"
+    bucket = url.split("://", 1)[1].partition("/")[0] if "://" in url else url
+    if url.startswith(GS):
+        where, setting = gcs_emulator() or "Google Cloud Storage", "STORAGE_EMULATOR_HOST"
+        credentials = "GOOGLE_APPLICATION_CREDENTIALS (or gcloud auth application-default login)"
+    else:
+        where, setting = endpoint() or "AWS S3", "S3_ENDPOINT_URL"
+        credentials = "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY"
     if code == "NoSuchBucket":
         return ConfigError(f"{key}: bucket '{bucket}' does not exist at {where} (create it, or check the name "
-                           "and S3_ENDPOINT_URL)")
+                           f"and {setting})")
     if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
-        return ConfigError(f"{key}: access to '{url}' was refused ({code}); check AWS_ACCESS_KEY_ID / "
-                           "AWS_SECRET_ACCESS_KEY and the bucket's permissions")
-    return ConfigError(f"{key}: cannot reach '{url}' at {where} ({first_line(error)}); check S3_ENDPOINT_URL and "
-                       "the network")
+        return ConfigError(f"{key}: access to '{url}' was refused ({code}); check {credentials} and the bucket's "
+                           "permissions")
+    return ConfigError(f"{key}: cannot reach '{url}' at {where} ({first_line(error)}); check {setting} and the "
+                       "network")
 
 
 @dataclass
@@ -233,7 +265,7 @@ BATCH_DELETE_REFUSED = {"NotImplemented", "MissingContentMD5", "InvalidRequest",
 
 
 class ObjectFolder:
-    """The objects under one ``s3://bucket/prefix``: exists, read, list, download, delete.
+    """The objects under one ``s3://bucket/prefix`` (or ``gs://``): exists, read, list, download, delete.
 
     Every read (exists, read, list, each object of a download) is asked again, with backoff, while the store answers
     with a passing server-side failure (503 SlowDown, 500, throttling), until ``LLMFOUNDRY_S3_READ_DEADLINE``
@@ -241,8 +273,8 @@ class ObjectFolder:
 
     def __init__(self, url: str, key: str = "path", *, max_attempts: int = 1):
         self.url = url.rstrip("/")
-        self.bucket, self.prefix = split_url(url, key)
-        self.s3 = client(max_attempts=max_attempts)
+        self.bucket, self.prefix = split_url(url, key, STORES)
+        self.client = client_for(self.url, max_attempts=max_attempts)  # boto3's S3 client, or gcs.GCSClient
         self.retries = 0  # reads asked again so far
         self._counting = threading.Lock()  # downloads read from several threads
 
@@ -259,7 +291,7 @@ class ObjectFolder:
 
     def exists(self, *parts: str) -> bool:
         try:
-            self._read(lambda: self.s3.head_object(Bucket=self.bucket, Key=self.key(*parts)))
+            self._read(lambda: self.client.head_object(Bucket=self.bucket, Key=self.key(*parts)))
             return True
         except Exception as error:  # noqa: BLE001
             if is_missing(error):
@@ -268,7 +300,7 @@ class ObjectFolder:
 
     def read_bytes(self, *parts: str) -> bytes | None:
         try:
-            return self._read(lambda: self.s3.get_object(Bucket=self.bucket, Key=self.key(*parts))["Body"].read())
+            return self._read(lambda: self.client.get_object(Bucket=self.bucket, Key=self.key(*parts))["Body"].read())
         except Exception as error:  # noqa: BLE001
             if is_missing(error):
                 return None
@@ -282,7 +314,7 @@ class ObjectFolder:
         """One cheap request (a one-key listing under the prefix) that fails as writing would: no such bucket, no
         access, no endpoint. For checks up front, before slow work whose result would have nowhere to go."""
         prefix = self.key()
-        self.s3.list_objects_v2(Bucket=self.bucket, Prefix=prefix + "/" if prefix else "", MaxKeys=1)
+        self.client.list_objects_v2(Bucket=self.bucket, Prefix=prefix + "/" if prefix else "", MaxKeys=1)
 
     def list_keys(self, *parts: str) -> list[str]:
         """Full keys of every object under ``prefix/parts/``."""
@@ -290,7 +322,7 @@ class ObjectFolder:
         prefix = prefix + "/" if prefix else ""
         def listing() -> list[str]:
             keys = []
-            for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
                 keys += [item["Key"] for item in page.get("Contents", [])]
             return keys
 
@@ -311,7 +343,7 @@ class ObjectFolder:
             path = target / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-            self._read(lambda: self.s3.download_file(self.bucket, key, str(tmp)))
+            self._read(lambda: self.client.download_file(self.bucket, key, str(tmp)))
             os.replace(tmp, path)
 
         # the pool ends with the call: no thread outlives a download; the first failure (or Ctrl-C) cancels the
@@ -332,18 +364,18 @@ class ObjectFolder:
         for start in range(0, len(keys), DELETE_BATCH):
             batch = [{"Key": key} for key in keys[start:start + DELETE_BATCH]]
             try:
-                answer = self.s3.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
+                answer = self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
             except Exception as error:  # noqa: BLE001 - botocore's ClientError
                 if error_code(error) not in BATCH_DELETE_REFUSED:
                     raise
                 # an S3-compatible store without DeleteObjects, or refusing its checksum: one request per key
                 for item in batch:
-                    self.s3.delete_object(Bucket=self.bucket, Key=item["Key"])
+                    self.client.delete_object(Bucket=self.bucket, Key=item["Key"])
                 continue
             failed = answer.get("Errors") or []
             if failed:
                 first = failed[0]
-                raise OSError(f"s3://{self.bucket}/{first.get('Key')}: not deleted ({first.get('Code')}: "
+                raise OSError(f"{self.url.split('://')[0]}://{self.bucket}/{first.get('Key')}: not deleted ({first.get('Code')}: "
                               f"{first.get('Message')}; {len(failed)} key(s) in all)")
 
 
@@ -362,10 +394,9 @@ def inside(rel: str, where: str) -> str:
 def read_bytes(path: str) -> bytes | None:
     """A file's bytes, local or in an object store; None when it does not exist."""
     if is_remote(path):
-        bucket, key = split_url(path)
-        s3 = client()
+        bucket, key = split_url(path, stores=STORES)
         try:
-            return s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+            return client_for(path).get_object(Bucket=bucket, Key=key)["Body"].read()
         except Exception as error:  # noqa: BLE001 - botocore ClientError: 404 / NoSuchKey on different stores
             if is_missing(error):
                 return None
@@ -379,8 +410,8 @@ def read_bytes(path: str) -> bytes | None:
 def write_bytes(path: str, data: bytes) -> None:
     """Write a file, local (atomically, by rename) or in an object store."""
     if is_remote(path):
-        bucket, key = split_url(path)
-        client().put_object(Bucket=bucket, Key=key, Body=data)
+        bucket, key = split_url(path, stores=STORES)
+        client_for(path).put_object(Bucket=bucket, Key=key, Body=data)
         return
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
@@ -391,9 +422,9 @@ def write_bytes(path: str, data: bytes) -> None:
 
 def download_file(url: str, dest: str | Path) -> None:
     """Copy one object to the local file ``dest`` (atomically)."""
-    bucket, key = split_url(url)
+    bucket, key = split_url(url, stores=STORES)
     tmp = f"{dest}.tmp{os.getpid()}"
-    client().download_file(bucket, key, tmp)
+    client_for(url).download_file(bucket, key, tmp)
     os.replace(tmp, dest)
 
 
@@ -401,7 +432,8 @@ def list_files(root: str, suffixes: tuple[str, ...]) -> list[str]:
     """Files under ``root`` (recursively, sorted) whose names end with one of ``suffixes``; local or remote."""
     if is_remote(root):
         folder = ObjectFolder(root, max_attempts=3)
-        return sorted(f"{S3}{folder.bucket}/{k}" for k in folder.list_keys() if k.endswith(suffixes))
+        scheme = root.split("://", 1)[0]
+        return sorted(f"{scheme}://{folder.bucket}/{k}" for k in folder.list_keys() if k.endswith(suffixes))
     found = []
     for folder, _, names in os.walk(root):
         found += [os.path.join(folder, n) for n in names if n.endswith(suffixes)]

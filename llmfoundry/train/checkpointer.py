@@ -1,4 +1,4 @@
-"""Where checkpoints go and where a run resumes from: a local folder or an object store (``s3://``).
+"""Where checkpoints go and where a run resumes from: a local folder or an object store (``s3://``, ``gs://``).
 
 :class:`Checkpointer` saves through the checkpoint format (train.checkpoint): straight into a local save_folder,
 or into a local staging folder whose files this rank's background uploader (train.uploads) sends to the store.
@@ -254,7 +254,7 @@ def _remote_composer_checkpoint(url: str, pointers_only: bool = False) -> tuple[
     for pointer in ("latest-sharded-rank0.symlink", "latest-rank0.pt.symlink"):
         target = folder.read_text(pointer)
         if target:
-            target_url = f"s3://{folder.bucket}/{target.strip().lstrip('/')}"
+            target_url = f"{url.split('://', 1)[0]}://{folder.bucket}/{target.strip().lstrip('/')}"
             return target_url.rstrip("/").rpartition("/")[::2]
     return None
 

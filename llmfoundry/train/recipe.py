@@ -144,7 +144,8 @@ class TrainConfig:
     python_log_level: LogLevel | None = option(None, "level of Python logging for llmfoundry (debug, info, ...)")
     # --- checkpoints ---
     save_folder: str | None = option(
-        None, "where checkpoints go (local folder or s3://bucket/path; {run_name} becomes the run's name)"
+        None, "where checkpoints go (local folder, s3://bucket/path or gs://bucket/path; {run_name} becomes the "
+        "run's name)"
     )
     save_interval: Interval = option("1000ba", "how often to save a checkpoint")
     save_num_checkpoints_to_keep: int = option(-1, "keep the newest N checkpoints (-1 = all)")
@@ -159,7 +160,8 @@ class TrainConfig:
     checkpoint_upload: CheckpointUploadConfig = option(
         default_factory=CheckpointUploadConfig, doc="staging and retries for an s3:// save_folder"
     )
-    load_path: str | None = option(None, "checkpoint to start from (a checkpoint folder or a save_folder)")
+    load_path: str | None = option(None, "checkpoint to start from (a checkpoint folder or a save_folder; local, "
+                                         "s3:// or gs://)")
     load_weights_only: bool = option(False, "load only model weights from load_path (fresh optimizer and time)")
     load_strict_model_weights: bool = option(True, "fail when load_path lacks or adds model weights")
     autoresume: bool = option(False, "resume from the newest complete checkpoint in save_folder")
@@ -244,7 +246,7 @@ class TrainConfig:
         for key, url in (("save_folder", self.save_folder), ("load_path", self.load_path)):
             if objectstore.is_remote(url):
                 try:
-                    objectstore.check_url(url, prefix + key)
+                    objectstore.check_url(url, prefix + key, objectstore.CHECKPOINT_STORES)
                 except ConfigError as error:
                     problems.append(str(error))
         if self.autoresume and not self.save_folder:

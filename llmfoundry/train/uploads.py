@@ -117,7 +117,7 @@ class Uploader:
         self.failed: list[str] = []
         self.retries = 0  # failed requests (botocore's retries of a part included) and files started again
         self._counting = threading.Lock()  # s3transfer's threads count too
-        objectstore.count_failed_requests(self.folder.s3, self._count_retry)
+        objectstore.count_failed_requests(self.folder.client, self._count_retry)
         self._thread = threading.Thread(target=self._run, name=f"checkpoint-upload-rank{rank}", daemon=True)
         self._thread.start()
 
@@ -171,7 +171,7 @@ class Uploader:
     def _upload(self, job: UploadJob) -> None:
         deadline = time.monotonic() + self.timeout_s
         retry = self._retry(deadline)
-        s3, bucket = self.folder.s3, self.folder.bucket
+        s3, bucket = self.folder.client, self.folder.bucket
         files = owned_files(job.staged, self.rank)
         for path in files:
             key = self.folder.key(job.name, path.relative_to(job.staged).as_posix())
@@ -212,7 +212,7 @@ def publish_folder(staged: Path, url: str, retry: objectstore.Retry, *, last: tu
     once the new ones are up. Used for Hugging Face exports (hf_checkpointer, ``llmfoundry convert``); returns the
     relative paths uploaded."""
     folder = objectstore.ObjectFolder(url, max_attempts=objectstore.UPLOAD_REQUEST_RETRIES)
-    s3, bucket = folder.s3, folder.bucket
+    s3, bucket = folder.client, folder.bucket
 
     def delete(key: str) -> None:
         retry.call(lambda: s3.delete_object(Bucket=bucket, Key=key))

@@ -43,9 +43,9 @@ def _requests(folder: objectstore.ObjectFolder, operation: str, pause_s: float =
         with lock:
             seen["in_flight"] -= 1
 
-    folder.s3.meta.events.register(f"before-parameter-build.s3.{operation}", asked)
-    folder.s3.meta.events.register(f"before-call.s3.{operation}", before)
-    folder.s3.meta.events.register(f"after-call.s3.{operation}", after)
+    folder.client.meta.events.register(f"before-parameter-build.s3.{operation}", asked)
+    folder.client.meta.events.register(f"before-call.s3.{operation}", before)
+    folder.client.meta.events.register(f"after-call.s3.{operation}", after)
     return seen
 
 
