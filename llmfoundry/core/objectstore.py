@@ -38,9 +38,11 @@ from llmfoundry.core.gcs import emulator as gcs_emulator
 T = TypeVar("T")
 S3 = "s3://"
 GS = "gs://"
-# The stores each kind of path can use today: checkpoints (save_folder, load_path, autoresume) also on GCS; data,
-# task files, exports and the rest on S3 (streaming reads gs:// data with its own client, not tested here yet).
+# The stores each kind of path can use today: checkpoints (save_folder, load_path, autoresume) and MDS data
+# (a loader's remote: streaming downloads gs:// through us, data/streaming_stores.py) also on GCS; task files,
+# exports, converters' outputs and the rest on S3 only.
 CHECKPOINT_STORES = (S3, GS)
+DATA_STORES = (S3, GS)
 STORES = (S3, GS)  # what ObjectFolder and the whole-file helpers speak
 # Stores that llm-foundry (through Composer) reads; named in the error so that a recipe using one fails clearly.
 OTHER_STORES = ("oci://", "az://", "azure://", "abfs://", "abfss://", "wasb://", "wasbs://", "hf://",
@@ -66,12 +68,12 @@ def check_url(url: str, key: str = "path", stores: tuple[str, ...] = (S3,)) -> N
             raise ConfigError(f"{key}: '{url}': gs:// needs gcsfs (pip install 'llmfoundry[gcs]')")
         return
     named = " or ".join(f"an {s} URL" if s == S3 else f"a {s} URL" for s in stores)
-    more = "" if GS in stores or scheme != GS else f" ({GS} works for {', '.join(CHECKPOINT_KEYS)} so far)"
+    more = "" if GS in stores or scheme != GS else f" ({GS} works for {', '.join(GS_KEYS)} so far)"
     raise ConfigError(f"{key}: '{url}': {scheme} object stores are not supported here{more}; use a local path or "
                       f"{named} (any S3-compatible store works through S3_ENDPOINT_URL)")
 
 
-CHECKPOINT_KEYS = ("save_folder", "load_path")  # (named in the error for gs:// elsewhere)
+GS_KEYS = ("save_folder", "load_path", "a loader's remote")  # (named in the error for gs:// elsewhere)
 
 
 def split_url(url: str, key: str = "path", stores: tuple[str, ...] = (S3,)) -> tuple[str, str]:

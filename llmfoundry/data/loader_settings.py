@@ -77,11 +77,12 @@ class StreamingOptions:
 
 
 def url_problems(url: str | None, key: str) -> list[str]:
-    """The one-line error for an object-store URL other than s3:// under ``key`` (none for s3:// or a path)."""
+    """The one-line error for an object-store URL we cannot read data from under ``key`` (none for s3://, gs://
+    or a path)."""
     if not objectstore.is_remote(url):
         return []
     try:
-        objectstore.check_url(url, key)
+        objectstore.check_url(url, key, objectstore.DATA_STORES)
     except ConfigError as error:
         return [str(error)]
     return []

@@ -53,12 +53,13 @@ def test_gs_save_folder_keeps_the_newest_and_autoresumes_bitwise(recipe, gcs_ser
 
 
 def test_gs_where_it_is_not_supported_yet_and_a_missing_bucket_are_one_line_errors(recipe, gcs_server, tmp_path):
-    plain = recipe(max_duration="1ba")
-    plain["train_loader"]["dataset"]["remote"] = f"gs://{BUCKET}/data"
+    plain = recipe(max_duration="1ba", callbacks={"hf_checkpointer": {"save_folder": f"gs://{BUCKET}/hf",
+                                                                     "save_interval": "1ba"}})
     with pytest.raises(ConfigError) as refused:
         validate(plain, TrainConfig)
     message = str(refused.value)
-    assert "train_loader.dataset.remote" in message and "gs:// works for save_folder, load_path so far" in message
+    assert "callbacks.hf_checkpointer.save_folder" in message
+    assert "gs:// works for save_folder, load_path, a loader's remote so far" in message
 
     with pytest.raises(ConfigError, match=r"save_folder: bucket 'no-such-bucket' does not exist at http://127\.0"):
         make_trainer(recipe(max_duration="1ba", eval_loader=None, save_folder="gs://no-such-bucket/run"))
