@@ -33,20 +33,29 @@ def emulator() -> str | None:
     return os.environ.get(EMULATOR_ENV) or None
 
 
-def _filesystem():
-    # gcsfs's bucket-type probe (gRPC, for zonal/hierarchical buckets) waits 60 s where it is not answered (an
-    # emulator, a firewall); plain buckets do not need it. Set before gcsfs is imported.
-    os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
-    import gcsfs  # optional (the gcs extra): only gs:// URLs need it
+_FILESYSTEMS: dict[tuple[int, str | None], Any] = {}  # one per process (and emulator): credentials found once
 
-    # no listing cache: "latest" and completion markers are read again and again and must be current
-    return gcsfs.GCSFileSystem(token="anon" if emulator() else None, use_listings_cache=False,
-                               skip_instance_cache=True)
+
+def _filesystem():
+    key = (os.getpid(), emulator())  # a forked rank makes its own: fsspec's event loop does not cross a fork
+    if key not in _FILESYSTEMS:
+        # gcsfs's bucket-type probe (gRPC, for zonal/hierarchical buckets) waits 60 s where it is not answered (an
+        # emulator, a firewall); plain buckets do not need it. Read when gcsfs is first imported.
+        os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+        import gcsfs  # optional (the gcs extra): only gs:// URLs need it
+
+        # no listing cache: "latest" and completion markers are read again and again and must be current;
+        # consistency="md5": an upload is checked against the store's checksum of what it received
+        _FILESYSTEMS[key] = gcsfs.GCSFileSystem(token="anon" if emulator() else None, use_listings_cache=False,
+                                                skip_instance_cache=True, consistency="md5")
+    return _FILESYSTEMS[key]
 
 
 def _translated(error: BaseException, bucket: str, key: str) -> BaseException:
     """gcsfs's errors in botocore's shape (FileNotFoundError stays: objectstore reads it as "missing")."""
     code = getattr(error, "code", None)
+    if code is None and isinstance(error, OSError) and str(error).startswith("Forbidden"):
+        code = 403  # gcsfs raises a 403 as a plain OSError("Forbidden: ...")
     if isinstance(code, int):
         name = {403: "AccessDenied", 401: "AccessDenied", 429: "Throttling"}.get(code, str(code))
         return StoreError(name, code, f"gs://{bucket}/{key}: {error}")
@@ -79,23 +88,31 @@ class GCSClient:
             return False
 
     def head_object(self, Bucket: str, Key: str) -> dict[str, Any]:
-        return self._call(lambda: self.fs.info(f"{Bucket}/{Key}"), Bucket, Key)
+        info = self._call(lambda: self.fs.info(f"{Bucket}/{Key}"), Bucket, Key)
+        if info.get("type") != "file":  # a "directory" (a prefix of other keys) is no object, as on S3
+            raise FileNotFoundError(f"gs://{Bucket}/{Key}")
+        return info
 
     def get_object(self, Bucket: str, Key: str) -> dict[str, Any]:
         data = self._call(lambda: self.fs.cat_file(f"{Bucket}/{Key}"), Bucket, Key)
         return {"Body": _Body(data)}
 
     def list_objects_v2(self, Bucket: str, Prefix: str = "", MaxKeys: int | None = None) -> dict[str, Any]:
-        keys = self._list(Bucket, Prefix)
-        return {"Contents": [{"Key": k} for k in (keys if MaxKeys is None else keys[:MaxKeys])]}
+        if MaxKeys is not None:  # objectstore's probe: does the bucket answer (a missing one is NoSuchBucket)?
+            if not self._call(lambda: self._bucket_exists(Bucket), Bucket, Prefix):
+                raise StoreError("NoSuchBucket", 404, f"gs://{Bucket}: no such bucket")
+            return {"Contents": []}
+        return {"Contents": [{"Key": k} for k in self._list(Bucket, Prefix)]}
 
     def get_paginator(self, operation: str) -> _Paginator:
         assert operation == "list_objects_v2", operation
         return _Paginator(self)
 
     def _list(self, bucket: str, prefix: str) -> list[str]:
+        """Every key starting with ``prefix`` (S3's prefix rule: ``runs/a/ep0-b`` finds ``runs/a/ep0-ba4/...``)."""
+        parent, _, rest = prefix.rpartition("/")
         try:
-            found = self._call(lambda: self.fs.find(f"{bucket}/{prefix}"), bucket, prefix)
+            found = self._call(lambda: self.fs.find(f"{bucket}/{parent}", prefix=rest), bucket, prefix)
         except FileNotFoundError:
             if not self._bucket_exists(bucket):
                 raise StoreError("NoSuchBucket", 404, f"gs://{bucket}: no such bucket") from None
@@ -113,8 +130,10 @@ class GCSClient:
         self._call(lambda: self.fs.pipe_file(f"{Bucket}/{Key}", Body), Bucket, Key)
 
     def delete_objects(self, Bucket: str, Delete: dict[str, Any]) -> dict[str, Any]:
-        paths = [f"{Bucket}/{item['Key']}" for item in Delete["Objects"]]
-        self._call(lambda: self.fs.rm(paths), Bucket, paths[0] if paths else "")  # gcsfs batches the requests
+        # one request per key, keys taken literally (gcsfs's rm() expands [ ] * ? as patterns) and a key already
+        # gone is no error, as in S3's DeleteObjects
+        for item in Delete["Objects"]:
+            self.delete_object(Bucket=Bucket, Key=item["Key"])
         return {}
 
     def delete_object(self, Bucket: str, Key: str) -> None:

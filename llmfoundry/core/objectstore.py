@@ -43,7 +43,6 @@ GS = "gs://"
 # exports, converters' outputs and the rest on S3 only.
 CHECKPOINT_STORES = (S3, GS)
 DATA_STORES = (S3, GS)
-STORES = (S3, GS)  # what ObjectFolder and the whole-file helpers speak
 # Stores that llm-foundry (through Composer) reads; named in the error so that a recipe using one fails clearly.
 OTHER_STORES = ("oci://", "az://", "azure://", "abfs://", "abfss://", "wasb://", "wasbs://", "hf://",
                 "dbfs:", "uc://")  # fmt: skip
@@ -68,12 +67,12 @@ def check_url(url: str, key: str = "path", stores: tuple[str, ...] = (S3,)) -> N
             raise ConfigError(f"{key}: '{url}': gs:// needs gcsfs (pip install 'llmfoundry[gcs]')")
         return
     named = " or ".join(f"an {s} URL" if s == S3 else f"a {s} URL" for s in stores)
-    more = "" if GS in stores or scheme != GS else f" ({GS} works for {', '.join(GS_KEYS)} so far)"
+    more = "" if GS in stores or scheme != GS else f" ({GS} works for {GS_KEYS} so far)"
     raise ConfigError(f"{key}: '{url}': {scheme} object stores are not supported here{more}; use a local path or "
                       f"{named} (any S3-compatible store works through S3_ENDPOINT_URL)")
 
 
-GS_KEYS = ("save_folder", "load_path", "a loader's remote")  # (named in the error for gs:// elsewhere)
+GS_KEYS = "the top-level save_folder and load_path and a loader's remote"  # (said for gs:// elsewhere)
 
 
 def split_url(url: str, key: str = "path", stores: tuple[str, ...] = (S3,)) -> tuple[str, str]:
@@ -216,7 +215,8 @@ def explain(error: BaseException, url: str, key: str) -> ConfigError:
     code = error_code(error)
     bucket = url.split("://", 1)[1].partition("/")[0] if "://" in url else url
     if url.startswith(GS):
-        where, setting = gcs_emulator() or "Google Cloud Storage", "STORAGE_EMULATOR_HOST"
+        where = gcs_emulator() or "Google Cloud Storage"
+        setting = "STORAGE_EMULATOR_HOST" if gcs_emulator() else "the bucket name"
         credentials = "GOOGLE_APPLICATION_CREDENTIALS (or gcloud auth application-default login)"
     else:
         where, setting = endpoint() or "AWS S3", "S3_ENDPOINT_URL"
@@ -267,15 +267,16 @@ BATCH_DELETE_REFUSED = {"NotImplemented", "MissingContentMD5", "InvalidRequest",
 
 
 class ObjectFolder:
-    """The objects under one ``s3://bucket/prefix`` (or ``gs://``): exists, read, list, download, delete.
+    """The objects under one ``s3://bucket/prefix`` (or ``gs://`` where ``stores`` allows it): exists, read,
+    list, download, delete.
 
     Every read (exists, read, list, each object of a download) is asked again, with backoff, while the store answers
     with a passing server-side failure (503 SlowDown, 500, throttling), until ``LLMFOUNDRY_S3_READ_DEADLINE``
     seconds (120) after the read began: a resume goes through a storm of 503s instead of ending at the first."""
 
-    def __init__(self, url: str, key: str = "path", *, max_attempts: int = 1):
+    def __init__(self, url: str, key: str = "path", *, max_attempts: int = 1, stores: tuple[str, ...] = (S3,)):
         self.url = url.rstrip("/")
-        self.bucket, self.prefix = split_url(url, key, STORES)
+        self.bucket, self.prefix = split_url(url, key, stores)
         self.client = client_for(self.url, max_attempts=max_attempts)  # boto3's S3 client, or gcs.GCSClient
         self.retries = 0  # reads asked again so far
         self._counting = threading.Lock()  # downloads read from several threads
@@ -393,10 +394,10 @@ def inside(rel: str, where: str) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- whole files
-def read_bytes(path: str) -> bytes | None:
+def read_bytes(path: str, stores: tuple[str, ...] = (S3,)) -> bytes | None:
     """A file's bytes, local or in an object store; None when it does not exist."""
     if is_remote(path):
-        bucket, key = split_url(path, stores=STORES)
+        bucket, key = split_url(path, stores=stores)
         try:
             return client_for(path).get_object(Bucket=bucket, Key=key)["Body"].read()
         except Exception as error:  # noqa: BLE001 - botocore ClientError: 404 / NoSuchKey on different stores
@@ -409,10 +410,10 @@ def read_bytes(path: str) -> bytes | None:
         return f.read()
 
 
-def write_bytes(path: str, data: bytes) -> None:
+def write_bytes(path: str, data: bytes, stores: tuple[str, ...] = (S3,)) -> None:
     """Write a file, local (atomically, by rename) or in an object store."""
     if is_remote(path):
-        bucket, key = split_url(path, stores=STORES)
+        bucket, key = split_url(path, stores=stores)
         client_for(path).put_object(Bucket=bucket, Key=key, Body=data)
         return
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
@@ -422,9 +423,9 @@ def write_bytes(path: str, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def download_file(url: str, dest: str | Path) -> None:
+def download_file(url: str, dest: str | Path, stores: tuple[str, ...] = (S3,)) -> None:
     """Copy one object to the local file ``dest`` (atomically)."""
-    bucket, key = split_url(url, stores=STORES)
+    bucket, key = split_url(url, stores=stores)
     tmp = f"{dest}.tmp{os.getpid()}"
     client_for(url).download_file(bucket, key, tmp)
     os.replace(tmp, dest)

@@ -234,7 +234,7 @@ def resolve_load_path(path: str, staging: Path) -> str:
         dest = Path(staging) / "downloads" / found[1]
         if int(os.environ.get("LOCAL_RANK", "0")) == 0:
             dest.parent.mkdir(parents=True, exist_ok=True)
-            objectstore.download_file(objectstore.join(found[0], found[1]), dest)
+            objectstore.download_file(objectstore.join(found[0], found[1]), dest, objectstore.CHECKPOINT_STORES)
         dist.barrier()
         return str(dest)
     return fetch(found[0], found[1], staging)
@@ -247,7 +247,7 @@ def _remote_composer_checkpoint(url: str, pointers_only: bool = False) -> tuple[
     parent, _, last = url.rpartition("/")
     if last.endswith(".pt") and not parent.endswith(":/") and not pointers_only:
         return parent, last
-    folder = objectstore.ObjectFolder(url, "load_path")
+    folder = objectstore.ObjectFolder(url, "load_path", stores=objectstore.CHECKPOINT_STORES)
     if (not pointers_only and folder.exists(".metadata") and not folder.exists("rank0.pt")
             and not parent.endswith(":/")):
         return parent, last
@@ -265,6 +265,7 @@ def stage_model_path(path: str, key: str = "load_path") -> str:
     downloaded into the staging folder and the local copy's path returned. Used by llmfoundry.loading."""
     if not objectstore.is_remote(path):
         return path
+    objectstore.check_url(path, key)  # convert, eval, generate: s3:// only so far (gs:// checkpoints: training)
     staging = remote_staging(path)
     try:
         url = path.rstrip("/")

@@ -43,6 +43,9 @@ UPLOADED = ".uploaded"
 class RemoteCheckpoints(objectstore.ObjectFolder):
     """A save_folder in an object store: list complete checkpoints, find the latest, download or delete one."""
 
+    def __init__(self, url: str, key: str = "path", *, max_attempts: int = 1):
+        super().__init__(url, key, max_attempts=max_attempts, stores=objectstore.CHECKPOINT_STORES)
+
     def complete_checkpoints(self) -> list[str]:
         """Names of complete checkpoints, oldest first."""
         found = []

@@ -83,7 +83,8 @@ def test_mds_data_on_gs_streams_through_our_storage_layer_like_local_data(gcs_se
     remote = f"gs://{GCS_TEST_BUCKET}/mds"
     for path in sorted(Path(mds_root, "train").rglob("*")):
         if path.is_file():
-            objectstore.write_bytes(f"{remote}/train/{path.relative_to(Path(mds_root, 'train'))}", path.read_bytes())
+            objectstore.write_bytes(f"{remote}/train/{path.relative_to(Path(mds_root, 'train'))}", path.read_bytes(),
+                                    stores=(objectstore.GS,))
     assert batch_rows(remote_loader(remote, tokenizer)) == batch_rows(remote_loader(None, tokenizer, local=str(mds_root)))
     with pytest.raises(ConfigError, match=r"train_loader\.dataset.*gs://llmfoundry-gcs-test/missing.*index\.json"):
         remote_loader(f"gs://{GCS_TEST_BUCKET}/missing", tokenizer)

@@ -22,7 +22,8 @@ def test_a_run_on_gs_killed_mid_run_resumes_where_its_newest_complete_checkpoint
     data = f"gs://{GCS_TEST_BUCKET}/mds"
     for path in sorted(Path(mds_root, "train").rglob("*")):
         if path.is_file():
-            objectstore.write_bytes(f"{data}/train/{path.relative_to(Path(mds_root, 'train'))}", path.read_bytes())
+            objectstore.write_bytes(f"{data}/train/{path.relative_to(Path(mds_root, 'train'))}", path.read_bytes(),
+                                    stores=(objectstore.GS,))
 
     def recipe(name, **overrides):
         return dist_recipe(max_duration="8ba", save_interval="2ba", fsdp_config=FSDP, autoresume=True,

@@ -19,7 +19,7 @@ from tests.helpers import make_trainer, weights
 
 
 def names(prefix: str) -> list[str]:
-    folder = objectstore.ObjectFolder(f"gs://{BUCKET}/{prefix}")
+    folder = objectstore.ObjectFolder(f"gs://{BUCKET}/{prefix}", stores=(objectstore.GS,))
     return [key.removeprefix(f"{prefix}/") for key in folder.list_keys()]
 
 
@@ -59,7 +59,7 @@ def test_gs_where_it_is_not_supported_yet_and_a_missing_bucket_are_one_line_erro
         validate(plain, TrainConfig)
     message = str(refused.value)
     assert "callbacks.hf_checkpointer.save_folder" in message
-    assert "gs:// works for save_folder, load_path, a loader's remote so far" in message
+    assert "gs:// works for the top-level save_folder and load_path and a loader's remote so far" in message
 
     with pytest.raises(ConfigError, match=r"save_folder: bucket 'no-such-bucket' does not exist at http://127\.0"):
         make_trainer(recipe(max_duration="1ba", eval_loader=None, save_folder="gs://no-such-bucket/run"))
