@@ -1,4 +1,5 @@
-"""Object-store URLs other than s3:// in a path key are a one-line validation error, never a local folder."""
+"""Object-store URLs a path key cannot use are a one-line validation error, never a local folder: s3:// works
+everywhere, gs:// for the top-level save_folder / load_path and a loader's remote, the others nowhere yet."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from llmfoundry.train.recipe import TrainConfig, validate
 
 OTHER_STORES = ["gs://bucket/data", "oci://bucket@ns/data", "azure://container/data", "abfss://c@acct.dfs/x",
                 "hf://org/data", "dbfs:/Volumes/data"]
+NOT_GS = [url for url in OTHER_STORES if not url.startswith("gs://")]  # gs:// works for checkpoints and data
 
 
 def _problems(cfg: dict) -> list[str]:
@@ -20,17 +22,17 @@ def _problems(cfg: dict) -> list[str]:
 
 def _expected(key: str, url: str) -> str:
     scheme = url.split("://", 1)[0] + "://" if "://" in url else url.split(":", 1)[0] + ":"
-    return f"{key}: '{url}': {scheme} object stores are not supported; use a local path or an s3:// URL"
+    return f"{key}: '{url}': {scheme} object stores are not supported here"
 
 
-@pytest.mark.parametrize("url", OTHER_STORES)
+@pytest.mark.parametrize("url", NOT_GS)
 @pytest.mark.parametrize("key", ["save_folder", "load_path"])
 def test_checkpoint_locations(recipe, key, url):
     said = [p for p in _problems(recipe(**{key: url})) if p.startswith(f"{key}:")]
     assert len(said) == 1 and said[0].startswith(_expected(key, url))
 
 
-@pytest.mark.parametrize("url", OTHER_STORES)
+@pytest.mark.parametrize("url", NOT_GS)
 @pytest.mark.parametrize("loader", ["train_loader", "eval_loader"])
 def test_text_loader_remote(recipe, loader, url):
     base = recipe()
@@ -39,7 +41,7 @@ def test_text_loader_remote(recipe, loader, url):
     assert any(p.startswith(_expected(f"{loader}.dataset.remote", url)) for p in problems), problems
 
 
-@pytest.mark.parametrize("url", ["gs://bucket/code", "dbfs:/Volumes/code"])
+@pytest.mark.parametrize("url", ["oci://bucket@ns/code", "dbfs:/Volumes/code"])
 def test_stream_remote(recipe, url):
     base = recipe()
     dataset = {k: v for k, v in base["train_loader"]["dataset"].items() if k not in ("local", "split")}
@@ -55,6 +57,13 @@ def test_finetuning_loader_remote(recipe):
     assert any(p.startswith(_expected("train_loader.dataset.remote", "oci://bucket@ns/ft")) for p in problems), problems
 
 
+def test_gs_passes_for_checkpoints_and_loader_remotes(recipe):
+    base = recipe()
+    dataset = dict(base["train_loader"]["dataset"], remote="gs://bucket/c4")
+    validate(recipe(save_folder="gs://bucket/run", load_path="gs://bucket/run/ep0-ba2",
+                    train_loader=dict(base["train_loader"], dataset=dataset)), TrainConfig)
+
+
 def test_s3_and_local_paths_pass(recipe):
     base = recipe()
     dataset = dict(base["train_loader"]["dataset"], remote="s3://bucket/c4")
@@ -68,7 +77,8 @@ def test_icl_dataset_uri(recipe, url):
     task = {"label": "arc", "dataset_uri": url, "icl_task_type": "multiple_choice", "num_fewshot": [0]}
     problems = _problems(recipe(icl_tasks=[task]))
     said = [p for p in problems if p.startswith("icl_tasks[0].dataset_uri: ")]
-    assert len(said) == 1 and "object stores are not supported; use a local path, an s3:// URL or hf://" in said[0]
+    assert len(said) == 1 and "object stores are not supported here" in said[0], said
+    assert "use a local path, an s3:// URL or hf://" in said[0]
 
 
 def test_icl_dataset_uri_may_be_a_hugging_face_dataset_or_s3():
