@@ -170,3 +170,13 @@ def build_composer_fixture_data(work: Path, seq: int = 64) -> tuple[Path, Path]:
     if not (mds / "index.json").exists():
         convert_text_folder(write_text_folder(work / "text", corpus[:160]), mds, tokenizer_dir, seq)
     return mds, tokenizer_dir
+
+
+def upload_split(mds_root: Path, split: str, url: str) -> None:
+    """Copy the local MDS split ``mds_root/split`` to ``url/split`` in a gs:// (or s3://) store, file by file."""
+    from llmfoundry.core import objectstore
+
+    folder = Path(mds_root, split)
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        objectstore.write_bytes(f"{url}/{split}/{path.relative_to(folder).as_posix()}", path.read_bytes(),
+                                stores=(objectstore.S3, objectstore.GS))

@@ -33,22 +33,17 @@ def emulator() -> str | None:
     return os.environ.get(EMULATOR_ENV) or None
 
 
-_FILESYSTEMS: dict[tuple[int, str | None], Any] = {}  # one per process (and emulator): credentials found once
-
-
 def _filesystem():
-    key = (os.getpid(), emulator())  # a forked rank makes its own: fsspec's event loop does not cross a fork
-    if key not in _FILESYSTEMS:
-        # gcsfs's bucket-type probe (gRPC, for zonal/hierarchical buckets) waits 60 s where it is not answered (an
-        # emulator, a firewall); plain buckets do not need it. Read when gcsfs is first imported.
-        os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
-        import gcsfs  # optional (the gcs extra): only gs:// URLs need it
+    # gcsfs's bucket-type probe (gRPC, for zonal/hierarchical buckets) waits 60 s where it is not answered (an
+    # emulator, a firewall); plain buckets do not need it. Read when gcsfs is first imported.
+    os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+    import gcsfs  # optional (the gcs extra): only gs:// URLs need it
 
-        # no listing cache: "latest" and completion markers are read again and again and must be current;
-        # consistency="md5": an upload is checked against the store's checksum of what it received
-        _FILESYSTEMS[key] = gcsfs.GCSFileSystem(token="anon" if emulator() else None, use_listings_cache=False,
-                                                skip_instance_cache=True, consistency="md5")
-    return _FILESYSTEMS[key]
+    # fsspec keeps one instance per process and arguments (credentials are found once; a forked rank makes its
+    # own). No listing cache: "latest" and completion markers are read again and again and must be current.
+    # consistency="md5": an upload is checked against the store's checksum of what it received.
+    return gcsfs.GCSFileSystem(token="anon" if emulator() else None, endpoint_url=emulator(),
+                               use_listings_cache=False, consistency="md5")
 
 
 def _translated(error: BaseException, bucket: str, key: str) -> BaseException:

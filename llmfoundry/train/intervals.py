@@ -46,17 +46,18 @@ def run_intervals(cfg: TrainConfig, batches_per_epoch: int | None) -> RunInterva
         eval_counted, save_counted, log_counted = (  # (max_batches is an estimate for these)
             counted_interval(i, cfg.max_duration)
             for i in (cfg.eval_interval, cfg.save_interval, cfg.console_log_interval))
+        eval_every = rates.to_batches(cfg.eval_interval, "eval_interval")  # (a bad value is named here first)
+        eval_interval = Time.parse(cfg.eval_interval)
         intervals = RunIntervals(
             rates=rates,
-            eval_every=rates.to_batches(cfg.eval_interval, "eval_interval"),
+            eval_every=eval_every,
             save_every=rates.to_batches(cfg.save_interval, "save_interval"),
             log_every=max(1, rates.to_batches(cfg.console_log_interval, "console_log_interval")),
             counted_end=counted(cfg.max_duration), eval_counted=eval_counted, save_counted=save_counted,
             log_counted=log_counted,
             # eval_interval 0 (0ba, 0ep, ...) turns evaluation off, also at the end of training, as in Composer
             # (eval_first still evaluates before the first batch); 0dur stays an error (Composer fails on it too)
-            periodic_eval=not (Time.parse(cfg.eval_interval).value == 0
-                               and Time.parse(cfg.eval_interval).unit != "dur"))
+            periodic_eval=not (eval_interval.value == 0 and eval_interval.unit != "dur"))
     except ValueError as error:
         raise ConfigError(str(error)) from None
     for key, every in (("eval_interval", intervals.eval_every), ("save_interval", intervals.save_every)):

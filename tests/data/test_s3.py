@@ -74,17 +74,11 @@ def test_mds_data_on_gs_streams_through_our_storage_layer_like_local_data(gcs_se
                                                                           monkeypatch):
     """streaming downloads gs:// shards with our client (the emulator here; google-auth's chain for real GCS), and
     the batches are those of the same shards read locally; a missing prefix is the same one-line error as on S3."""
-    from pathlib import Path
-
-    from llmfoundry.core import objectstore
-    from tests.helpers import GCS_TEST_BUCKET
+    from tests.helpers import GCS_TEST_BUCKET, upload_split
 
     monkeypatch.setenv("LLMFOUNDRY_CACHE", str(tmp_path / "cache"))
     remote = f"gs://{GCS_TEST_BUCKET}/mds"
-    for path in sorted(Path(mds_root, "train").rglob("*")):
-        if path.is_file():
-            objectstore.write_bytes(f"{remote}/train/{path.relative_to(Path(mds_root, 'train'))}", path.read_bytes(),
-                                    stores=(objectstore.GS,))
+    upload_split(mds_root, "train", remote)
     assert batch_rows(remote_loader(remote, tokenizer)) == batch_rows(remote_loader(None, tokenizer, local=str(mds_root)))
     with pytest.raises(ConfigError, match=r"train_loader\.dataset.*gs://llmfoundry-gcs-test/missing.*index\.json"):
         remote_loader(f"gs://{GCS_TEST_BUCKET}/missing", tokenizer)

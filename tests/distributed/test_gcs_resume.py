@@ -3,14 +3,11 @@ resumed by autoresume: every loss equals the uninterrupted run's on local data a
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from llmfoundry.core import objectstore
 from llmfoundry.train import uploads
 from tests.distributed.helpers import kill_at_step, launch, losses, run_job
-from tests.helpers import GCS_TEST_BUCKET
+from tests.helpers import GCS_TEST_BUCKET, upload_split
 
 pytestmark = pytest.mark.dist
 
@@ -20,10 +17,7 @@ FSDP = {"sharding_strategy": "FULL_SHARD", "mixed_precision": "FULL"}
 def test_a_run_on_gs_killed_mid_run_resumes_where_its_newest_complete_checkpoint_left_off(
         dist_recipe, gcs_server, mds_root, tmp_path):
     data = f"gs://{GCS_TEST_BUCKET}/mds"
-    for path in sorted(Path(mds_root, "train").rglob("*")):
-        if path.is_file():
-            objectstore.write_bytes(f"{data}/train/{path.relative_to(Path(mds_root, 'train'))}", path.read_bytes(),
-                                    stores=(objectstore.GS,))
+    upload_split(mds_root, "train", data)
 
     def recipe(name, **overrides):
         return dist_recipe(max_duration="8ba", save_interval="2ba", fsdp_config=FSDP, autoresume=True,
