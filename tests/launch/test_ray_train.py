@@ -1,6 +1,7 @@
 """`llmfoundry ray` on a real local Ray cluster (CPU, gloo): it trains what torchrun trains, bitwise; a rank that
 dies is restarted by Ray and training resumes from the newest checkpoint; a run stopped under torchrun with its
-checkpoints in S3 (moto) continues under Ray, with Ray's own storage in S3 too."""
+checkpoints in S3 (moto) continues under Ray, with Ray's own storage in S3 too, and when that driver is killed, the
+same command again resumes the run."""
 
 from __future__ import annotations
 
@@ -73,10 +74,12 @@ def _rank0_rows(folder):
 
 @pytest.mark.slow
 @pytest.mark.s3
-def test_run_stopped_under_torchrun_continues_under_ray_from_s3(reference, tmp_path, mds_root, tokenizer_dir,
-                                                                s3_server, monkeypatch):
-    """Stop anywhere, continue anywhere: torchrun stops (flag file: checkpoint, exit 75) with its checkpoints in
-    S3; `llmfoundry ray` continues from there, with Ray's storage in S3 as well, and ends as the reference."""
+def test_run_stopped_under_torchrun_continues_under_ray_from_s3_and_a_killed_driver_run_again_resumes(
+        reference, tmp_path, mds_root, tokenizer_dir, s3_server, monkeypatch):
+    """Stop anywhere, continue anywhere, in one run: torchrun stops (flag file: checkpoint, exit 75) with its
+    checkpoints in S3; `llmfoundry ray` continues from there, with Ray's storage in S3 as well; that driver dies
+    (SIGKILL; Ray ends its run) and `llmfoundry ray` again with the same run name continues from the newest
+    checkpoint, ending as the reference."""
     import moto
     from packaging.version import Version
 
@@ -86,6 +89,8 @@ def test_run_stopped_under_torchrun_continues_under_ray_from_s3(reference, tmp_p
     save_folder = f"s3://{S3_TEST_BUCKET}/runs/moved/ckpt"
     recipe = hold(ray_recipe(mds_root, tokenizer_dir, tmp_path, save_folder=save_folder, run_name="moved"),
                   tmp_path, batch=5)
+    # the first Ray driver's workers stop at the end of batch 7 for good (the rerun finds their markers, goes on)
+    recipe = hold(recipe, tmp_path, batch=7, release=False, name="second_hold")
     flag = tmp_path / "stop-now"
     monkeypatch.setenv("LLMFOUNDRY_PREEMPT_FILE", str(flag))
     proc = launch(recipe, tmp_path, "torchrun", entry=[*torchrun_args(2), "-m", "llmfoundry.cli", "train"])
@@ -101,11 +106,22 @@ def test_run_stopped_under_torchrun_continues_under_ray_from_s3(reference, tmp_p
     monkeypatch.delenv("LLMFOUNDRY_PREEMPT_FILE")
 
     path = write_recipe(recipe, tmp_path, "ray")
-    result = llmfoundry(["ray", str(path), "--num-workers", "2", "--storage-path",
-                         f"s3://{S3_TEST_BUCKET}/ray-runs"], tmp_path)
+    args = ["ray", str(path), "--num-workers", "2", "--storage-path", f"s3://{S3_TEST_BUCKET}/ray-runs"]
+    address = ray.get_runtime_context().gcs_address
+    driver = subprocess.Popen([sys.executable, "-m", "llmfoundry.cli", *args, "--address", address], cwd=tmp_path,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until_held(tmp_path, 7, lambda: None if driver.poll() is None else f"the driver exited {driver.returncode}")
+    finally:
+        driver.kill()
+        driver.wait()
+    result = llmfoundry(args, tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     final = download_checkpoint(f"{save_folder}/{FINAL}", tmp_path / "downloaded")
-    assert_same_training(reference, tmp_path, weights_folder=final)
+    assert_same_training(reference, tmp_path, weights_folder=final, exactly_once=False)
+    seen = [row["batch"] for row in _rank0_rows(tmp_path)]
+    # torchrun's 1-5 once; the killed driver's 6-7 trained again after it, from the newest checkpoint
+    assert seen[:5] == [1, 2, 3, 4, 5] and seen.count(1) == 1 and seen[-3:] == [8, 9, 10] and len(seen) > 10, seen
     import boto3
 
     keys = [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket=S3_TEST_BUCKET, Prefix="ray-runs/moved/")
@@ -143,31 +159,6 @@ def test_storage_path_on_s3_gets_the_endpoint_of_s3_endpoint_url(monkeypatch):
     assert isinstance(filesystem, S3FileSystem) and path == "bucket/some/runs"
     assert filesystem.region == "eu-west-1" and "127.0.0.1:9000" in str(filesystem.__reduce__())
     assert os.path.isabs(ray_launch.storage("relative/runs"))
-
-
-@pytest.mark.slow
-def test_driver_run_again_with_the_same_name_resumes(reference, tmp_path, mds_root, tokenizer_dir):
-    """The driver dies (SIGKILL; Ray ends its run); `llmfoundry ray` again with the same run name continues from
-    the newest checkpoint."""
-    # the first driver's workers stop at the end of batch 5 for good (a rerun finds their markers and goes on)
-    recipe = write_recipe(hold(ray_recipe(mds_root, tokenizer_dir, tmp_path), tmp_path, batch=5, release=False),
-                          tmp_path)
-    args = ["ray", str(recipe), "--num-workers", "2", "--run-name", "driver-dies", "--storage-path",
-            str(tmp_path / "ray")]
-    address = ray.get_runtime_context().gcs_address
-    driver = subprocess.Popen([sys.executable, "-m", "llmfoundry.cli", *args, "--address", address], cwd=tmp_path,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_until_held(tmp_path, 5, lambda: None if driver.poll() is None else f"the driver exited {driver.returncode}")
-    finally:
-        driver.kill()
-        driver.wait()
-    result = llmfoundry(args, tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert_same_training(reference, tmp_path, exactly_once=False)
-    seen = [row["batch"] for row in _rank0_rows(tmp_path)]
-    assert seen.count(1) == 1 and len(seen) > 10, seen  # resumed from a checkpoint, after the batches since it
-    assert (tmp_path / "ray" / "driver-dies" / "checkpoints" / FINAL / "llmfoundry_checkpoint.json").exists()
 
 
 @pytest.mark.slow
