@@ -66,7 +66,7 @@ class HoldSettings:
 class Hold(Callback):
     """On the first attempt only (a rank whose held-b{batch}-rank{r} marker exists goes on: a resumed run), each
     rank writes its marker at the end of ``batch`` and waits there for the test (launch_helpers.wait_until_held).
-    Registered twice (`hold`, `second_hold`) for a test that parks the ranks at two batches."""
+    Registered three times (`hold`, `second_hold`, `third_hold`) for a test that parks the ranks at several batches."""
 
     def __init__(self, settings: HoldSettings):
         self.settings = settings
@@ -104,6 +104,7 @@ class Hold(Callback):
 
 callbacks.register("hold", config=HoldSettings)(lambda s: Hold(s))
 callbacks.register("second_hold", config=HoldSettings)(lambda s: Hold(s))
+callbacks.register("third_hold", config=HoldSettings)(lambda s: Hold(s))
 
 class RecordLR(Callback):
     """Rank 0 writes, per batch, the learning rate its optimizer step runs at (lr-rank0.jsonl in ``folder``)."""
