@@ -1,6 +1,6 @@
 #!/bin/bash
 # The quickstart's console output at two commits, diffed: a refactoring that claims "behaviour unchanged" shows an
-# empty diff here (every [batch N/500] line: losses, lr, grad norm; eval and ICL lines; checkpoint lines).
+# empty diff here (every [batch N/250] line: losses, lr, grad norm; eval and ICL lines; checkpoint lines).
 #   bash benchmarks/quickstart_console_diff.sh OLD_COMMIT NEW_COMMIT     (about 3 minutes per commit on 2 cores)
 # Each commit runs `llmfoundry train yamls/quickstart.yaml` from a worktree of its own, as the getting-started
 # guide runs it (from the checkout's root), with its own freshly prepared data.
