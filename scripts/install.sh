@@ -26,6 +26,11 @@ target="."
 echo "installing llmfoundry${1:+[$1]} (keeping torch ${torch_version})"
 "${PIP[@]}" -c "$constraints" -e "$target"
 
+case ",${1:-}," in
+  *,dev,*) # the Azure tests' emulator (npm); without npm they skip, saying so
+    if azurite="$(bash tests/setup_azurite.sh)"; then echo "azurite: $azurite"; else echo "azurite not installed"; fi;;
+esac
+
 if "$PY" -m pip show torchvision >/dev/null 2>&1 && ! "$PY" -c "import torchvision" >/dev/null 2>&1; then
   echo "removing a torchvision that does not import with this torch"
   "$PY" -m pip uninstall --quiet -y torchvision

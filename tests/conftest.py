@@ -11,6 +11,7 @@ import os
 import pytest
 
 from tests.helpers import (
+    AZURE_TEST_CONTAINER,
     GCS_TEST_BUCKET,
     S3_TEST_BUCKET,
     TINY_RECIPE_SEQ,
@@ -180,6 +181,97 @@ def gcs_server(gcs_emulator, monkeypatch):
     gcs_emulator.reset(GCS_TEST_BUCKET)
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator.url)
     yield gcs_emulator.url
+
+
+# ----------------------------------------------------------------------------------------------- Azure (Azurite)
+class Azurite:
+    """Azurite's blob service (npm; installed by tests/setup_azurite.sh) in a process on 127.0.0.1 (a free port),
+    objects in memory. ``connection_string`` holds Azurite's well-known development account and key."""
+
+    KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+
+    def __init__(self, binary: str, location):
+        import socket
+        import subprocess
+        import time
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}/devstoreaccount1"
+        self.connection_string = (f"DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={self.KEY};"
+                                  f"BlobEndpoint={self.url};")
+        self._process = subprocess.Popen(
+            [binary, "--inMemoryPersistence", "--skipApiVersionCheck", "--blobHost", "127.0.0.1", "--blobPort",
+             str(port), "--silent"],
+            cwd=location, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # anything it writes stays there
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if self._process.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"azurite did not start: {self._process.stderr.read().decode()[-2000:]}")
+                time.sleep(0.1)
+
+    def reset(self, container: str) -> None:
+        """Delete every container, then make ``container``."""
+        from azure.storage.blob import BlobServiceClient
+
+        with BlobServiceClient.from_connection_string(self.connection_string) as service:
+            for found in service.list_containers():
+                service.delete_container(found.name)
+            service.create_container(container)
+
+    def stop(self) -> None:
+        if self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=10)
+            except Exception:  # noqa: BLE001
+                self._process.kill()
+                self._process.wait()
+
+
+@pytest.fixture(scope="session")
+def azurite(tmp_path_factory):
+    """The session's Azurite (use ``azure_server`` in tests). Skipped, saying so, where node/npm are missing."""
+    import subprocess
+    from pathlib import Path
+
+    setup = Path(__file__).with_name("setup_azurite.sh")
+    result = subprocess.run(["bash", str(setup)], check=False, capture_output=True, text=True, timeout=600)
+    if result.returncode == 3:
+        pytest.skip(f"Azurite cannot be installed here: {result.stderr.strip()}")
+    assert result.returncode == 0, f"setup_azurite.sh failed:\n{result.stdout}\n{result.stderr}"
+    server = Azurite(result.stdout.strip().splitlines()[-1], tmp_path_factory.mktemp("azurite"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def azure_server(azurite, monkeypatch):
+    """Azurite, empty but for the container ``tests.helpers.AZURE_TEST_CONTAINER``; sets
+    AZURE_STORAGE_CONNECTION_STRING for the test (and the processes it starts) and clears the other
+    AZURE_STORAGE_* variables. Yields the blob endpoint's URL."""
+    azurite.reset(AZURE_TEST_CONTAINER)
+    for name in ("ACCOUNT_NAME", "ACCOUNT_KEY", "SAS_TOKEN", "CLIENT_ID", "CLIENT_SECRET", "TENANT_ID", "ANON"):
+        monkeypatch.delenv(f"AZURE_STORAGE_{name}", raising=False)
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite.connection_string)
+    yield azurite.url
+
+
+@pytest.fixture(params=["gs", "azure"])
+def fsspec_store(request) -> str:
+    """The root URL of an empty bucket on each store answered through core/fsspec_store.py, in turn:
+    ``gs://`` + GCS_TEST_BUCKET on the GCS emulator, ``azure://`` + AZURE_TEST_CONTAINER on Azurite."""
+    if request.param == "gs":
+        request.getfixturevalue("gcs_server")
+        return f"gs://{GCS_TEST_BUCKET}"
+    request.getfixturevalue("azure_server")
+    return f"azure://{AZURE_TEST_CONTAINER}"
 
 
 def _threads_alive() -> str:

@@ -12,6 +12,7 @@ from pathlib import Path
 # The bucket the ``s3_server`` fixture (tests/conftest.py) creates on the moto server.
 S3_TEST_BUCKET = "llmfoundry-test"
 GCS_TEST_BUCKET = "llmfoundry-gcs-test"
+AZURE_TEST_CONTAINER = "llmfoundry-azure-test"  # the container the ``azure_server`` fixture makes on Azurite
 
 _WORDS = (
     "the a model learns to predict next token from data which flows through layers of attention and "
@@ -173,10 +174,11 @@ def build_composer_fixture_data(work: Path, seq: int = 64) -> tuple[Path, Path]:
 
 
 def upload_split(mds_root: Path, split: str, url: str) -> None:
-    """Copy the local MDS split ``mds_root/split`` to ``url/split`` in a gs:// (or s3://) store, file by file."""
+    """Copy the local MDS split ``mds_root/split`` to ``url/split`` in a store (s3://, gs://, azure://), file by
+    file."""
     from llmfoundry.core import objectstore
 
     folder = Path(mds_root, split)
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
         objectstore.write_bytes(f"{url}/{split}/{path.relative_to(folder).as_posix()}", path.read_bytes(),
-                                stores=(objectstore.S3, objectstore.GS))
+                                stores=objectstore.DATA_STORES)

@@ -11,13 +11,14 @@ PACKAGE = Path(__file__).resolve().parents[1] / "llmfoundry"
 # are used, so that llmfoundry works without them. Everything else is imported at the top of its module.
 OPTIONAL = {"peft", "lm_eval", "mlflow", "tensorboard", "torch.utils.tensorboard", "tiktoken", "flash_attn",
             "datasets", "matplotlib", "wandb", "boto3", "botocore", "ray", "bitsandbytes",
-            "psutil", "pynvml", "gcsfs"}
+            "psutil", "pynvml", "gcsfs", "adlfs"}
 # A command checks its recipe before the heavy stack loads (a recipe mistake is answered in well under a second):
 # its heavy stage is imported inside a function once the recipe is valid, and only in these places.
 STAGED = {
     "llmfoundry/commands/train.py": {"llmfoundry.train.run"},
     "llmfoundry/commands/eval.py": {"llmfoundry.commands.eval_run"},
     "llmfoundry/commands/convert.py": {"llmfoundry.commands.convert_run"},
+    "llmfoundry/commands/plan.py": {"llmfoundry.train.plan_report"},
     "llmfoundry/inference/generate.py": {"llmfoundry.inference.generate_run"},
     "llmfoundry/inference/chat.py": {"llmfoundry.inference.chat_session"},
     "llmfoundry/launch/ray.py": {"llmfoundry.launch.ray_worker"},  # with Ray itself, once the recipe is valid

@@ -1,12 +1,13 @@
 """Object storage: the one module that talks to ``s3://`` stores (AWS S3, R2, MinIO, any S3-compatible endpoint)
-and, for checkpoints so far, ``gs://`` (Google Cloud Storage through core/gcs.py, which answers the same client
-calls).
+and, for checkpoints and loader remotes so far, ``gs://`` and Azure Blob Storage (``azure://`` and the other
+Azure spellings) through core/fsspec_store.py, which answers the same client calls (gcsfs, adlfs).
 
 Everything that reads or writes a URL goes through here: checkpoints (train.checkpointer / train.uploads), data
 preparation (data.prep), ICL task files (eval.icl.data) and model folders (loading). It gives
 
 * URL handling: :func:`is_remote` (any ``scheme://`` URL, never a local folder), :func:`split_url`, :func:`join`;
-  a URL of a store we do not support (``gs://``, ``oci://``, Azure, ``hf://``, ``dbfs:``) is a one-line error;
+  a URL of a store a key does not take (``oci://``, ``hf://``, ``dbfs:``; ``gs://`` and Azure outside checkpoints
+  and loader remotes) is a one-line error;
 * :func:`client`: a boto3 S3 client with connect/read timeouts; the endpoint comes from ``S3_ENDPOINT_URL`` (or
   ``AWS_ENDPOINT_URL_S3``), credentials from boto3's usual chain;
 * :class:`Retry` (exponential backoff until a deadline) for callers that must survive an outage;
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from llmfoundry.core import azure
 from llmfoundry.core.errors import ConfigError, first_line
 from llmfoundry.core.gcs import GCSClient
 from llmfoundry.core.gcs import emulator as gcs_emulator
@@ -38,14 +40,17 @@ from llmfoundry.core.gcs import emulator as gcs_emulator
 T = TypeVar("T")
 S3 = "s3://"
 GS = "gs://"
+AZURE = azure.SCHEMES  # azure://, az://, abfs://, abfss://, azure-dl://: one store, the container first
 # The stores each kind of path can use today: checkpoints (save_folder, load_path, autoresume) and MDS data
-# (a loader's remote: streaming downloads gs:// through us, data/streaming_stores.py) also on GCS; task files,
-# exports, converters' outputs and the rest on S3 only.
-CHECKPOINT_STORES = (S3, GS)
-DATA_STORES = (S3, GS)
+# (a loader's remote: streaming downloads gs:// and Azure through us, data/streaming_stores.py) also on GCS and
+# Azure; task files, exports, converters' outputs and the rest on S3 only.
+CHECKPOINT_STORES = (S3, GS, *AZURE)
+DATA_STORES = (S3, GS, *AZURE)
+FSSPEC_STORES = (GS, *AZURE)  # answered by core/fsspec_store.FsspecClient
+# The optional package each of those needs, and the extra that installs it.
+NEEDS = {GS: ("gcsfs", "gcs"), **{scheme: ("adlfs", "azure") for scheme in AZURE}}
 # Stores that llm-foundry (through Composer) reads; named in the error so that a recipe using one fails clearly.
-OTHER_STORES = ("oci://", "az://", "azure://", "abfs://", "abfss://", "wasb://", "wasbs://", "hf://",
-                "dbfs:", "uc://")  # fmt: skip
+OTHER_STORES = ("oci://", "wasb://", "wasbs://", "hf://", "dbfs:", "uc://")  # fmt: skip
 _MISSING = {"404", "nosuchkey", "notfound", "nosuchbucket", "nosuchentity"}
 
 
@@ -63,16 +68,20 @@ def check_url(url: str, key: str = "path", stores: tuple[str, ...] = (S3,)) -> N
     if scheme in stores:
         if not url[len(scheme):].partition("/")[0]:
             raise ConfigError(f"{key}: '{url}' has no bucket (use {scheme}bucket/path)")
-        if scheme == GS and importlib.util.find_spec("gcsfs") is None:
-            raise ConfigError(f"{key}: '{url}': gs:// needs gcsfs (pip install 'llmfoundry[gcs]')")
+        if scheme in AZURE:
+            azure.check_container(url, key)
+        if scheme in NEEDS and importlib.util.find_spec(NEEDS[scheme][0]) is None:
+            package, extra = NEEDS[scheme]
+            raise ConfigError(f"{key}: '{url}': {scheme} needs {package} (pip install 'llmfoundry[{extra}]')")
         return
-    named = " or ".join(f"an {s} URL" if s == S3 else f"a {s} URL" for s in stores)
-    more = "" if GS in stores or scheme != GS else f" ({GS} works for {GS_KEYS} so far)"
+    names = {S3: "an s3:// URL", GS: "a gs:// URL", **{s: "an Azure URL (azure://container/path)" for s in AZURE}}
+    named = " or ".join(", ".join(dict.fromkeys(names.get(s, f"a {s} URL") for s in stores)).rsplit(", ", 1))
+    more = f" ({scheme} works for {FSSPEC_KEYS} so far)" if scheme in FSSPEC_STORES else ""
     raise ConfigError(f"{key}: '{url}': {scheme} object stores are not supported here{more}; use a local path or "
                       f"{named} (any S3-compatible store works through S3_ENDPOINT_URL)")
 
 
-GS_KEYS = "the top-level save_folder and load_path and a loader's remote"  # (said for gs:// elsewhere)
+FSSPEC_KEYS = "the top-level save_folder and load_path and a loader's remote"  # (said for gs:// and Azure elsewhere)
 
 
 def split_url(url: str, key: str = "path", stores: tuple[str, ...] = (S3,)) -> tuple[str, str]:
@@ -94,10 +103,16 @@ def _join_key(*parts: str) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- client and errors
-def client_for(url: str, max_attempts: int = 3):
-    """The client for ``url``'s store: boto3's S3 client, or for ``gs://`` core/gcs.GCSClient (the same calls)."""
+def client_for(url: str, max_attempts: int = 3, key: str = "path"):
+    """The client for ``url``'s store: boto3's S3 client, or for ``gs://`` and Azure an fsspec_store.FsspecClient
+    (the same calls). An Azure URL with no account set is a one-line ConfigError under ``key``."""
     if url.startswith(GS):
         return GCSClient()
+    if url.startswith(AZURE):
+        try:
+            return azure.AzureClient()
+        except azure.NoAccount as error:
+            raise ConfigError(f"{key}: '{url}': {error}") from None
     return client(max_attempts=max_attempts)
 
 
@@ -218,6 +233,8 @@ def explain(error: BaseException, url: str, key: str) -> ConfigError:
         where = gcs_emulator() or "Google Cloud Storage"
         setting = "STORAGE_EMULATOR_HOST" if gcs_emulator() else "the bucket name"
         credentials = "GOOGLE_APPLICATION_CREDENTIALS (or gcloud auth application-default login)"
+    elif url.startswith(AZURE):
+        where, setting, credentials = azure.endpoint(), azure.setting(), azure.CREDENTIALS
     else:
         where, setting = endpoint() or "AWS S3", "S3_ENDPOINT_URL"
         credentials = "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY"
@@ -267,8 +284,8 @@ BATCH_DELETE_REFUSED = {"NotImplemented", "MissingContentMD5", "InvalidRequest",
 
 
 class ObjectFolder:
-    """The objects under one ``s3://bucket/prefix`` (or ``gs://`` where ``stores`` allows it): exists, read,
-    list, download, delete.
+    """The objects under one ``s3://bucket/prefix`` (or ``gs://`` or Azure where ``stores`` allows it): exists,
+    read, list, download, delete.
 
     Every read (exists, read, list, each object of a download) is asked again, with backoff, while the store answers
     with a passing server-side failure (503 SlowDown, 500, throttling), until ``LLMFOUNDRY_S3_READ_DEADLINE``
@@ -277,7 +294,7 @@ class ObjectFolder:
     def __init__(self, url: str, key: str = "path", *, max_attempts: int = 1, stores: tuple[str, ...] = (S3,)):
         self.url = url.rstrip("/")
         self.bucket, self.prefix = split_url(url, key, stores)
-        self.client = client_for(self.url, max_attempts=max_attempts)  # boto3's S3 client, or gcs.GCSClient
+        self.client = client_for(self.url, max_attempts, key)  # boto3's S3 client, or an fsspec_store.FsspecClient
         self.retries = 0  # reads asked again so far
         self._counting = threading.Lock()  # downloads read from several threads
 

@@ -47,6 +47,11 @@ _URL_PASSWORD = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/@\s:]+:(?!\d+(?:/|$)
 _URL_QUERY = re.compile(r"([?&](?:[^=&#\s]*[_-])?(?:token|sig|signature|secret|passw(?:or)?d|credential|key|apikey|"
                         r"auth|sas)=)([^&#\s]+)", re.IGNORECASE)
 
+# The credential fields of a connection string (Azure Storage's AccountKey= and SharedAccessSignature=, Event
+# Hubs' SharedAccessKey=), wherever the string is quoted: ``...;AccountKey=<key>;BlobEndpoint=...``.
+_CONNECTION_STRING = re.compile(r"(\b(?:AccountKey|SharedAccessSignature|SharedAccessKey)=)([^;\s'\"]+)",
+                                re.IGNORECASE)
+
 # Environment variables the libraries we run read credentials from (besides any variable named like a secret).
 SECRET_ENV_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_TOKEN", "AWS_ACCESS_KEY_ID",
                    "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "WANDB_API_KEY", "MLFLOW_TRACKING_TOKEN",
@@ -102,6 +107,7 @@ def mask_text(text: str) -> str:
 def mask_url_credentials(text: str) -> str:
     """``text`` with the credentials of every URL in it masked: ``https://user:tok@host/x?sig=abc`` ->
     ``https://********@host/x?sig=********``."""
+    text = _CONNECTION_STRING.sub(rf"\1{MASK}", text)
     return _URL_QUERY.sub(rf"\1{MASK}", _URL_USERINFO.sub(rf"\1{MASK}@", text))
 
 
@@ -172,6 +178,7 @@ def secret_findings(obj: Any, environ: Mapping[str, str] | None = None) -> list[
             continue
         parts = [m.group(1) for m in _URL_PASSWORD.finditer(value)]
         parts += [m.group(2) for m in _URL_QUERY.finditer(value)]
+        parts += [m.group(2) for m in _CONNECTION_STRING.finditer(value)]
         parts += [m.group(1) for m in _TOKEN_IN_TEXT.finditer(value)]
         parts += [env_value for env_value in env_values if env_value in value]
         found += [Finding(path, part, part == value) for part in dict.fromkeys(parts)]

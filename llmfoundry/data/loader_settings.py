@@ -24,7 +24,8 @@ from llmfoundry.data.preprocessors import column_mapping_problems
 class StreamSettings:
     """One MDS source among several (``dataset.streams.<name>``)."""
 
-    remote: str | None = option(None, "where the shards live: s3://bucket/path (endpoint from S3_ENDPOINT_URL) or a folder")
+    remote: str | None = option(None, "where the shards live: s3://bucket/path (endpoint from S3_ENDPOINT_URL), "
+                                             "gs://bucket/path, azure://container/path or a folder")
     local: str | None = option(None, "local folder for the shards (the data itself when remote is unset; a cache otherwise)")
     split: str | None = option(None, "sub-folder of remote/local to read (e.g. train, val)")
     proportion: float | None = option(None, "share of each epoch drawn from this stream (others derived)")
@@ -40,7 +41,8 @@ class StreamSettings:
 class StreamingOptions:
     """streaming's StreamingDataset options (shared by the text and finetuning loaders)."""
 
-    remote: str | None = option(None, "where the shards live: s3://bucket/path (endpoint from S3_ENDPOINT_URL) or a folder")
+    remote: str | None = option(None, "where the shards live: s3://bucket/path (endpoint from S3_ENDPOINT_URL), "
+                                             "gs://bucket/path, azure://container/path or a folder")
     local: str | None = option(None, "local folder with the shards (the data itself when remote is unset; a cache otherwise)")
     split: str | None = option(None, "sub-folder of remote/local to read (e.g. train, val)")
     streams: dict[str, StreamSettings] | None = option(None, "several sources mixed into one epoch, by name")
@@ -70,15 +72,15 @@ class StreamingOptions:
     def check_settings(self, path: str) -> list[str]:
         if self.streams and (self.remote is not None or self.local is not None):
             return [f"{path}: set either streams or remote/local, not both"]
-        # A URL of a store we cannot read (gs://, oci://, Azure, hf://, dbfs:) is an error, never a local folder.
+        # A URL of a store we cannot read (oci://, hf://, dbfs:) is an error, never a local folder.
         remotes = [(f"{path}.remote", self.remote)]
         remotes += [(f"{path}.streams.{name}.remote", s.remote) for name, s in (self.streams or {}).items()]
         return [problem for key, url in remotes for problem in url_problems(url, key)]
 
 
 def url_problems(url: str | None, key: str) -> list[str]:
-    """The one-line error for an object-store URL we cannot read data from under ``key`` (none for s3://, gs://
-    or a path)."""
+    """The one-line error for an object-store URL we cannot read data from under ``key`` (none for s3://, gs://,
+    Azure or a path)."""
     if not objectstore.is_remote(url):
         return []
     try:

@@ -13,7 +13,7 @@ import importlib.util
 import sys
 import types
 
-from llmfoundry.data.streaming_stores import route_gcs_downloads
+from llmfoundry.data.streaming_stores import route_store_downloads
 
 _STANDIN_MARK = "__llmfoundry_standin__"
 _MESSAGE = (
@@ -69,20 +69,20 @@ def _torchvision_importable() -> bool:
 
 
 def import_streaming() -> types.ModuleType:
-    """``import streaming``, working whether or not torchvision is importable, its gs:// downloads routed through
+    """``import streaming``, working whether or not torchvision is importable, its gs:// and Azure downloads routed through
     our storage layer (data/streaming_stores.py); returns the module."""
     if "streaming" in sys.modules and hasattr(sys.modules["streaming"], "StreamingDataset"):
         return sys.modules["streaming"]
     if _torchvision_importable():
         module = importlib.import_module("streaming")
-        route_gcs_downloads(module)
+        route_store_downloads(module)
         return module
     # streaming imports transformers, whose torchvision probe (find_spec) must not see the stand-ins.
     importlib.import_module("transformers")
     _install_standins()
     try:
         module = importlib.import_module("streaming")
-        route_gcs_downloads(module)
+        route_store_downloads(module)
         return module
     finally:
         # streaming has bound the names it needs; removing the stand-ins keeps every later

@@ -1,9 +1,13 @@
-"""streaming's downloads of ``gs://`` shards go through our storage layer (core/objectstore.py, core/gcs.py).
+"""streaming's downloads of ``gs://`` and Azure shards go through our storage layer (core/objectstore.py,
+core/fsspec_store.py).
 
 streaming picks a downloader by URL scheme from ``streaming.base.storage.download.DOWNLOADER_MAPPINGS``. Its own
 GCS downloader asks google.auth for credentials even where ``STORAGE_EMULATOR_HOST`` is set and takes HMAC keys
-through boto3 otherwise; ours uses the same client as gs:// checkpoints (gcsfs: google-auth's chain, or the
-emulator), so data and checkpoints on GCS need one set-up. ``s3://`` stays with streaming's own downloader.
+through boto3 otherwise; its Azure downloaders (``azure``, ``azure-dl``) hard-code the public cloud's endpoint
+(``https://<account>.blob.core.windows.net``), read the account from the URL's host and know no ``az://``,
+``abfs://`` or ``abfss://``. Ours use the same client as checkpoints (gcsfs: google-auth's chain or the emulator;
+adlfs: the AZURE_STORAGE_* variables, a connection string, azure-identity), so data and checkpoints on one store
+need one set-up. ``s3://`` stays with streaming's own downloader.
 """
 
 from __future__ import annotations
@@ -13,34 +17,43 @@ import types
 
 from llmfoundry.core import objectstore
 
+# every store of a loader's remote that is not S3, by the scheme streaming looks up (urlparse's: no "://")
+ROUTED = tuple(scheme.removesuffix("://") for scheme in objectstore.FSSPEC_STORES)
 
-def route_gcs_downloads(streaming: types.ModuleType) -> None:
-    """Make ``streaming`` download gs:// objects with our client (idempotent)."""
+
+def route_store_downloads(streaming: types.ModuleType) -> None:
+    """Make ``streaming`` download gs:// and Azure objects with our clients (idempotent)."""
     download = streaming.base.storage.download
-    if getattr(download.DOWNLOADER_MAPPINGS.get("gs"), "ours", False):
+    if all(getattr(download.DOWNLOADER_MAPPINGS.get(scheme), "ours", False) for scheme in ROUTED):
         return
 
-    class GCSDownloader(download.CloudDownloader):
+    class StoreDownloader(download.CloudDownloader):
         ours = True
 
         def __init__(self):
             super().__init__()
-            self._client = None
+            self._clients = {}  # by scheme: one downloader may be asked for several stores' objects
 
         @staticmethod
         def _client_identifier() -> str:
-            return "gs"
+            return ROUTED[0]
 
         def clean_up(self) -> None:
-            self._client = None
+            self._clients = {}
+
+        def _validate_remote_path(self, remote: str) -> None:  # streaming's wants the one scheme of the class
+            if remote.split("://", 1)[0] not in ROUTED:
+                raise ValueError(f"Expected a URL of {', '.join(ROUTED)}, got {remote}")
 
         def _download_file_impl(self, remote: str, local: str, timeout: float) -> None:
             # streaming retries (download_retry) and reads a missing object as FileNotFoundError, which ours raises
-            bucket, key = objectstore.split_url(remote, stores=(objectstore.GS,))
-            if self._client is None:
-                self._client = objectstore.client_for(remote)
+            bucket, key = objectstore.split_url(remote, stores=objectstore.FSSPEC_STORES)
+            scheme = remote.split("://", 1)[0]
+            if scheme not in self._clients:
+                self._clients[scheme] = objectstore.client_for(remote)
             tmp = f"{local}.{os.getpid()}.tmp"
-            self._client.download_file(bucket, key, tmp)
+            self._clients[scheme].download_file(bucket, key, tmp)
             os.replace(tmp, local)
 
-    download.DOWNLOADER_MAPPINGS["gs"] = GCSDownloader
+    for scheme in ROUTED:
+        download.DOWNLOADER_MAPPINGS[scheme] = StoreDownloader

@@ -1,4 +1,4 @@
-"""Where checkpoints go and where a run resumes from: a local folder or an object store (``s3://``, ``gs://``).
+"""Where checkpoints go and where a run resumes from: a local folder or an object store (``s3://``, ``gs://``, Azure).
 
 :class:`Checkpointer` saves through the checkpoint format (train.checkpoint): straight into a local save_folder,
 or into a local staging folder whose files this rank's background uploader (train.uploads) sends to the store.
@@ -265,7 +265,7 @@ def stage_model_path(path: str, key: str = "load_path") -> str:
     downloaded into the staging folder and the local copy's path returned. Used by llmfoundry.loading."""
     if not objectstore.is_remote(path):
         return path
-    objectstore.check_url(path, key)  # convert, eval, generate: s3:// only so far (gs:// checkpoints: training)
+    objectstore.check_url(path, key)  # convert, eval, generate: s3:// only so far (gs://, Azure: training)
     staging = remote_staging(path)
     try:
         url = path.rstrip("/")

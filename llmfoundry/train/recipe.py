@@ -144,8 +144,8 @@ class TrainConfig:
     python_log_level: LogLevel | None = option(None, "level of Python logging for llmfoundry (debug, info, ...)")
     # --- checkpoints ---
     save_folder: str | None = option(
-        None, "where checkpoints go (local folder, s3://bucket/path or gs://bucket/path; {run_name} becomes the "
-        "run's name)"
+        None, "where checkpoints go (local folder, s3://bucket/path, gs://bucket/path or azure://container/path; "
+        "{run_name} becomes the run's name)"
     )
     save_interval: Interval = option("1000ba", "how often to save a checkpoint")
     save_num_checkpoints_to_keep: int = option(-1, "keep the newest N checkpoints (-1 = all)")
@@ -161,7 +161,7 @@ class TrainConfig:
         default_factory=CheckpointUploadConfig, doc="staging and retries for an s3:// save_folder"
     )
     load_path: str | None = option(None, "checkpoint to start from (a checkpoint folder or a save_folder; local, "
-                                         "s3:// or gs://)")
+                                         "s3://, gs:// or azure://)")
     load_weights_only: bool = option(False, "load only model weights from load_path (fresh optimizer and time)")
     load_strict_model_weights: bool = option(True, "fail when load_path lacks or adds model weights")
     autoresume: bool = option(False, "resume from the newest complete checkpoint in save_folder")

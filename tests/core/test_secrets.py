@@ -51,6 +51,21 @@ def test_remembered_values_tokens_and_url_credentials_are_masked_in_text():
     assert mask_text(text) == f"error: max_duration: '{MASK}' is not a time; see {MASK} and https://{MASK}@host/x?sig={MASK}"
 
 
+def test_azure_credentials_are_masked_from_the_environment_and_in_a_quoted_connection_string(monkeypatch):
+    key = "c2VjcmV0LWFjY291bnQta2V5LWJhc2U2NA=="
+    for name in ("AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_SAS_TOKEN",
+                 "AZURE_STORAGE_CLIENT_SECRET", "AZURE_ACCOUNT_ACCESS_KEY"):
+        monkeypatch.setenv(name, f"{name.lower()}-value-{key}")
+        assert mask_text(f"said: {name.lower()}-value-{key}.") == f"said: {MASK}."
+        monkeypatch.delenv(name)
+    # not in the environment (a string a library quoted): the key and SAS fields alone are masked
+    quoted = (f"DefaultEndpointsProtocol=https;AccountName=acct;AccountKey={key};EndpointSuffix=core.windows.net "
+              "and SharedAccessSignature=sv=2024&sig=abc123")
+    assert mask_text(quoted) == (f"DefaultEndpointsProtocol=https;AccountName=acct;AccountKey={MASK};"
+                                 f"EndpointSuffix=core.windows.net and SharedAccessSignature={MASK}")
+    assert find_secrets({"variables": {"store": f"AccountName=a;AccountKey={key}"}}) == {key: "variables.store"}
+
+
 def test_mask_secrets_masks_by_key_format_url_and_environment(monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "from-the-env-123")
     config = {"hf_token": "x" * 10, "n": 3, "kw": {"token": 5}, "note": "uses from-the-env-123",

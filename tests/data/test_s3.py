@@ -70,15 +70,18 @@ def test_finetuning_converter_local_keeps_a_copy_of_a_remote_output(s3_server, t
     assert sum(s["samples"] for s in local["shards"]) == 20
 
 
-def test_mds_data_on_gs_streams_through_our_storage_layer_like_local_data(gcs_server, mds_root, tmp_path, tokenizer,
-                                                                          monkeypatch):
-    """streaming downloads gs:// shards with our client (the emulator here; google-auth's chain for real GCS), and
-    the batches are those of the same shards read locally; a missing prefix is the same one-line error as on S3."""
-    from tests.helpers import GCS_TEST_BUCKET, upload_split
+def test_mds_data_on_a_store_streams_through_our_storage_layer_like_local_data(fsspec_store, mds_root, tmp_path,
+                                                                              tokenizer, monkeypatch):
+    """streaming downloads gs:// and azure:// shards with our client (the emulators here; google-auth's chain or the
+    AZURE_STORAGE_* variables for the real stores), and the batches are those of the same shards read locally; a
+    missing prefix is the same one-line error as on S3."""
+    import re
+
+    from tests.helpers import upload_split
 
     monkeypatch.setenv("LLMFOUNDRY_CACHE", str(tmp_path / "cache"))
-    remote = f"gs://{GCS_TEST_BUCKET}/mds"
+    remote = f"{fsspec_store}/mds"
     upload_split(mds_root, "train", remote)
     assert batch_rows(remote_loader(remote, tokenizer)) == batch_rows(remote_loader(None, tokenizer, local=str(mds_root)))
-    with pytest.raises(ConfigError, match=r"train_loader\.dataset.*gs://llmfoundry-gcs-test/missing.*index\.json"):
-        remote_loader(f"gs://{GCS_TEST_BUCKET}/missing", tokenizer)
+    with pytest.raises(ConfigError, match=rf"train_loader\.dataset.*{re.escape(fsspec_store)}/missing.*index\.json"):
+        remote_loader(f"{fsspec_store}/missing", tokenizer)

@@ -1,5 +1,6 @@
 """Object-store URLs a path key cannot use are a one-line validation error, never a local folder: s3:// works
-everywhere, gs:// for the top-level save_folder / load_path and a loader's remote, the others nowhere yet."""
+everywhere, gs:// and Azure for the top-level save_folder / load_path and a loader's remote, the others nowhere
+yet."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from llmfoundry.train.recipe import TrainConfig, validate
 
 OTHER_STORES = ["gs://bucket/data", "oci://bucket@ns/data", "azure://container/data", "abfss://c@acct.dfs/x",
                 "hf://org/data", "dbfs:/Volumes/data"]
-NOT_GS = [url for url in OTHER_STORES if not url.startswith("gs://")]  # gs:// works for checkpoints and data
+FSSPEC = ("gs://", "azure://", "az://", "abfs://", "abfss://")  # these work for checkpoints and data
+NOT_GS = [url for url in OTHER_STORES if not url.startswith(FSSPEC)]
 
 
 def _problems(cfg: dict) -> list[str]:
@@ -57,11 +59,19 @@ def test_finetuning_loader_remote(recipe):
     assert any(p.startswith(_expected("train_loader.dataset.remote", "oci://bucket@ns/ft")) for p in problems), problems
 
 
-def test_gs_passes_for_checkpoints_and_loader_remotes(recipe):
+@pytest.mark.parametrize("root", ["gs://bucket", "azure://box", "az://box", "abfs://box", "abfss://box",
+                                  "azure-dl://box"])
+def test_gs_and_azure_pass_for_checkpoints_and_loader_remotes(recipe, root):
     base = recipe()
-    dataset = dict(base["train_loader"]["dataset"], remote="gs://bucket/c4")
-    validate(recipe(save_folder="gs://bucket/run", load_path="gs://bucket/run/ep0-ba2",
+    dataset = dict(base["train_loader"]["dataset"], remote=f"{root}/c4")
+    validate(recipe(save_folder=f"{root}/run", load_path=f"{root}/run/ep0-ba2",
                     train_loader=dict(base["train_loader"], dataset=dataset)), TrainConfig)
+
+
+def test_an_azure_url_with_its_account_in_it_says_how_to_write_it(recipe):
+    said = [p for p in _problems(recipe(save_folder="abfss://c@acct.dfs/x")) if p.startswith("save_folder:")]
+    assert said == ["save_folder: 'abfss://c@acct.dfs/x': the account goes in the environment, not the URL; write "
+                    "abfss://c/x and set AZURE_STORAGE_ACCOUNT_NAME=acct (or AZURE_STORAGE_CONNECTION_STRING)"]
 
 
 def test_s3_and_local_paths_pass(recipe):
