@@ -18,6 +18,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "chat": ("llmfoundry.inference.chat", "chat with a model in the terminal"),
     "check": ("llmfoundry.commands.check", "validate a recipe and list what differs from llm-foundry: llmfoundry check "
               "RECIPE.yaml"),
+    "plan": ("llmfoundry.commands.plan", "estimate memory, step time, MFU and cost of a recipe on N GPUs, with "
+             "changes that fit or run faster: llmfoundry plan RECIPE.yaml --nodes N --gpus-per-node G [--gpu h100]"),
     "slurm": ("llmfoundry.commands.slurm", "submit a training job to Slurm: llmfoundry slurm RECIPE.yaml --nodes N "
               "--gpus-per-node G"),
     "k8s": ("llmfoundry.commands.k8s", "write Kubeflow TrainJob/PyTorchJob manifests: llmfoundry k8s RECIPE.yaml "

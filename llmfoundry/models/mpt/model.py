@@ -99,13 +99,16 @@ class MPTModel(nn.Module):
             sequence_id = None  # llm-foundry semantics: packed documents see each other unless asked otherwise
         if sequence_id is not None and past > 0:
             raise ValueError("sequence_id cannot be combined with a KV cache (it is for packed training batches)")
+        # without a mask or given positions the last position is past + T - 1: known without reading the device
+        positions_known = position_ids is None and attention_mask is None
         if position_ids is None:
             position_ids = token_positions(B, T, past, attention_mask, input_ids.device)
 
         x = self.wte(input_ids)  # (B, T, d_model)
         if arch.learned_pos_emb:
-            if int(position_ids.max()) >= arch.max_seq_len:
-                raise ValueError(f"position {int(position_ids.max())} >= max_seq_len={arch.max_seq_len}")
+            last = past + T - 1 if positions_known else int(position_ids.max())
+            if last >= arch.max_seq_len:
+                raise ValueError(f"position {last} >= max_seq_len={arch.max_seq_len}")
             x = x + self.wpe(position_ids)
         if arch.embedding_fraction < 1.0:
             # Scale the embedding's gradient (not its value) by embedding_fraction, as in GLM-130B.

@@ -1,0 +1,260 @@
+"""`llmfoundry plan`'s estimate: memory, communication, step time, MFU and time to max_duration of a recipe on a
+given number of GPUs, and the changes that make it fit or go faster (each checked by the same estimate).
+
+Memory per GPU (plan_memory.py measures the activations on fake tensors):
+  forward/backward: params + optimizer state + activations + gradients held (all of them when microbatches
+  accumulate: FSDP2 keeps them unsharded in the parameter dtype until the last microbatch; otherwise those made
+  before the peak) + FSDP2's gathered blocks (the root and two blocks, with prefetch; a block's unsharded
+  gradients in backward; SHARD_GRAD_OP keeps every block gathered)
+  optimizer step: params + gradients + optimizer state + the step's temporaries
+Time per step (roofline): model FLOPs (``flops_per_token``; + the forward again with activation checkpointing) at
+MATMUL_EFFICIENCY of the GPU's peak, or the HBM traffic, whichever is longer, plus the FSDP2 collectives that do
+not overlap (the first block's all-gather and the last reduce-scatter are exposed; the rest overlaps compute
+unless it takes longer).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import torch
+
+from llmfoundry.core.errors import ConfigError
+from llmfoundry.core.precision import DTYPES, low_dtype, weight_dtype
+from llmfoundry.core.timeunits import Time
+from llmfoundry.train import plan_memory
+from llmfoundry.train.compat import device_batch_size
+from llmfoundry.train.plan_hardware import GPU, LINK_EFFICIENCY, MATMUL_EFFICIENCY
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What the estimate varies: microbatch, activation checkpointing, sharding strategy."""
+
+    micro: int
+    checkpointing: bool
+    strategy: str | None  # fsdp_config.sharding_strategy, None without fsdp_config
+
+
+@dataclass
+class Estimate:
+    choice: Choice
+    world: int
+    shard: int
+    params: float
+    grads: float
+    optimizer: float
+    activations: float  # of this choice
+    activations_other: float  # with the other activation_checkpointing setting
+    grads_held: float
+    fsdp_gathered: float
+    optimizer_temp: float
+    peak: float
+    memory: float
+    comm_bytes: dict
+    step_s: float
+    tok_per_s_gpu: float
+    mfu: float
+    steps: int | None
+    tokens_per_step: int
+
+    @property
+    def fits(self) -> bool:
+        return self.peak <= self.memory * 0.95  # the allocator's fragmentation and CUDA context
+
+    def hours(self) -> float | None:
+        return None if self.steps is None else self.steps * self.step_s / 3600
+
+
+def _bytes(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+class Planner:
+    """The recipe's model, measured once per (microbatch, checkpointing, parameter dtype); estimates per choice."""
+
+    def __init__(self, cfg, nodes: int, gpus_per_node: int, gpu: GPU):
+        self.cfg, self.nodes, self.gpus_per_node, self.gpu = cfg, nodes, gpus_per_node, gpu
+        self.world = nodes * gpus_per_node
+        self.tp = cfg.tp_config.tensor_parallel_degree if cfg.tp_config is not None else 1
+        self.device_batch = device_batch_size(cfg.global_train_batch_size, self.world, cfg.tp_config)
+        model = plan_memory.meta_model(cfg.model)
+        blocks = model.blocks()
+        self.n_params = sum(p.numel() for p in model.parameters())
+        self.block_params = max((sum(p.numel() for p in b.parameters()) for b in blocks), default=0)
+        self.root_params = self.n_params - sum(sum(p.numel() for p in b.parameters()) for b in blocks)
+        self.layers = len(blocks)
+        self.flops_per_token = model.flops_per_token(cfg.max_seq_len)
+        self.state_per_param = plan_memory.STATE_PER_PARAM.get(cfg.optimizer.name, 2)
+        if getattr(cfg.optimizer.settings, "amsgrad", False):
+            self.state_per_param += 1
+        self._measured: dict = {}
+
+    def _measure(self, micro: int, checkpointing: bool, dtype: torch.dtype):
+        key = (micro, checkpointing, dtype)
+        if key not in self._measured:
+            layers = (1, 2) if self.layers >= 2 else (self.layers,)
+            self._measured[key] = [plan_memory.measure(self.cfg, micro, n, checkpointing, dtype) for n in layers]
+        return self._measured[key]
+
+    def _extrapolated(self, micro: int, checkpointing: bool, dtype: torch.dtype) -> tuple[float, float, float]:
+        """(activations, gradients made before their peak, optimizer temporaries) of the whole model, one rank."""
+        runs = self._measure(micro, checkpointing, dtype)
+        if len(runs) == 1:
+            return float(runs[0].activations), float(runs[0].grads_at_peak), float(runs[0].optimizer_temp)
+        one, two = runs
+        more = self.layers - 1
+        return tuple(float(getattr(one, k) + more * (getattr(two, k) - getattr(one, k)))
+                     for k in ("activations", "grads_at_peak", "optimizer_temp"))
+
+    def shard_degree(self, strategy: str | None) -> int:
+        fsdp = self.cfg.fsdp_config
+        dp = self.world // self.tp
+        if fsdp is None or strategy is None or self.world == 1:
+            return 1
+        if strategy in ("FULL_SHARD", "SHARD_GRAD_OP"):
+            return dp
+        if strategy == "NO_SHARD":
+            return 1
+        shard = fsdp.data_parallel_shard_degree
+        return min(dp, self.gpus_per_node if shard == -1 else shard)
+
+    def estimate(self, choice: Choice) -> Estimate:
+        cfg, fsdp = self.cfg, self.cfg.fsdp_config
+        sharded = fsdp is not None and self.world > 1 and choice.strategy is not None
+        shard = self.shard_degree(choice.strategy)
+        wb = _bytes(weight_dtype(cfg.precision))
+        if sharded:
+            mp = fsdp.mixed_precision
+            low = low_dtype(cfg.precision)
+            if isinstance(mp, dict):
+                pdt = DTYPES[mp["param_dtype"]] if "param_dtype" in mp else weight_dtype(cfg.precision)
+                rdt = DTYPES[mp["reduce_dtype"]] if "reduce_dtype" in mp else pdt
+            else:
+                pdt = weight_dtype(cfg.precision) if mp == "FULL" or low is None else low
+                rdt = pdt if mp == "PURE" else torch.float32
+        else:
+            pdt = rdt = weight_dtype(cfg.precision)
+        pb, rb = _bytes(pdt), _bytes(rdt)
+        n_local = self.n_params / self.tp
+        params = n_local / shard * wb
+        grads = params
+        optimizer = self.state_per_param * params
+        acts, grads_early, opt_temp = self._extrapolated(choice.micro, choice.checkpointing, pdt)
+        other, _, _ = self._extrapolated(choice.micro, not choice.checkpointing, pdt)
+        opt_temp = opt_temp * wb / pb / self.tp / shard
+        accumulating = self.device_batch > choice.micro
+        if accumulating:
+            held = n_local * pb if sharded and shard > 1 else grads  # FSDP2 without sync: unsharded grads
+        else:
+            held = grads_early / self.tp / shard * wb / pb
+        gathered = 0.0
+        if sharded and shard > 1:
+            block = self.block_params / self.tp
+            if choice.strategy in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2") or fsdp.reshard_after_forward is False:
+                gathered = n_local * pb + block * rb
+            else:
+                gathered = (self.root_params / self.tp + 2 * block) * pb + block * rb
+        peak = max(params + optimizer + acts + held + gathered, params + optimizer + grads + opt_temp)
+        return self._timed(choice, shard, pb, rb, Estimate(
+            choice=choice, world=self.world, shard=shard, params=params, grads=grads, optimizer=optimizer,
+            activations=acts, activations_other=other, grads_held=held, fsdp_gathered=gathered,
+            optimizer_temp=opt_temp, peak=peak, memory=self.gpu.memory_bytes, comm_bytes={}, step_s=0.0,
+            tok_per_s_gpu=0.0, mfu=0.0, steps=None, tokens_per_step=0))
+
+    def _timed(self, choice: Choice, shard: int, pb: int, rb: int, est: Estimate) -> Estimate:
+        cfg, gpu = self.cfg, self.gpu
+        micros = math.ceil(self.device_batch / choice.micro)
+        tokens_gpu = self.device_batch * cfg.max_seq_len  # a TP group's ranks share their tokens
+        flops = self.flops_per_token * tokens_gpu / self.tp
+        if choice.checkpointing:
+            flops *= 4 / 3  # the forward (a third of 6N) once more
+        compute_s = flops / (gpu.bf16_flops * MATMUL_EFFICIENCY)
+        # HBM: weights read in forward and twice in backward per microbatch, activations written and read, the
+        # optimizer reading and writing parameters, gradients and state
+        hbm = micros * (3 * self.n_params / self.tp * pb + 2 * est.activations)
+        hbm += 2 * (est.params + est.grads + est.optimizer)
+        compute_s = max(compute_s, hbm / gpu.hbm_bytes_per_s)
+        comm: dict[str, float] = {}
+        n_local = self.n_params / self.tp
+        if shard > 1:
+            frac = (shard - 1) / shard
+            regather = choice.strategy not in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2")
+            comm["fsdp all-gather (forward)"] = micros * n_local * pb * frac if regather else n_local * pb * frac
+            comm["fsdp all-gather (backward)"] = micros * n_local * pb * frac if regather else 0.0
+            comm["fsdp reduce-scatter"] = n_local * rb * frac
+            replicas = self.world // self.tp // shard
+            if replicas > 1:
+                comm["replica all-reduce (hybrid)"] = 2 * n_local / shard * rb * (replicas - 1) / replicas
+        elif self.world // self.tp > 1:
+            comm["gradient all-reduce"] = 2 * n_local * rb * (self.world // self.tp - 1) / (self.world // self.tp)
+        if self.tp > 1:  # two all-reduces (ffn) of the activations per block, forward and backward
+            act = choice.micro * cfg.max_seq_len * getattr(cfg.model.settings, "d_model", 0) * pb
+            comm["tensor-parallel all-reduce"] = micros * self.layers * 2 * 2 * act * 2 * (self.tp - 1) / self.tp
+        intra = shard <= self.gpus_per_node and self.tp <= self.gpus_per_node
+        link = (gpu.intra_node_bytes_per_s if intra and self.nodes == 1 or intra and shard <= self.gpus_per_node
+                else gpu.inter_node_bytes_per_s) * LINK_EFFICIENCY
+        if self.nodes > 1 and shard > self.gpus_per_node:
+            link = gpu.inter_node_bytes_per_s * LINK_EFFICIENCY
+        comm_s = sum(comm.values()) / link
+        exposed = max(0.0, comm_s - compute_s) + comm_s / max(1, 2 * self.layers)
+        opt_s = 2 * (est.params + est.grads + est.optimizer) / gpu.hbm_bytes_per_s
+        step_s = compute_s + exposed + opt_s
+        model_flops = self.flops_per_token * tokens_gpu / self.tp
+        est.comm_bytes = comm
+        est.step_s = step_s
+        est.tok_per_s_gpu = tokens_gpu / self.tp / step_s
+        est.mfu = model_flops / step_s / gpu.bf16_flops
+        est.tokens_per_step = cfg.global_train_batch_size * cfg.max_seq_len
+        est.steps = self.steps()
+        return est
+
+    def steps(self) -> int | None:
+        """Batches in max_duration where the recipe alone says it (ba, tok, sp); None for epochs."""
+        time = Time.parse(self.cfg.max_duration)
+        if time.unit == "ba":
+            return int(time.value)
+        if time.unit == "tok":
+            return math.ceil(time.value / (self.cfg.global_train_batch_size * self.cfg.max_seq_len))
+        if time.unit == "sp":
+            return math.ceil(time.value / self.cfg.global_train_batch_size)
+        return None
+
+
+def recipe_choice(cfg) -> Choice:
+    fsdp = cfg.fsdp_config
+    micro = cfg.device_train_microbatch_size
+    if micro == "auto":
+        raise ConfigError("device_train_microbatch_size: auto is searched on the GPUs; plan needs a number")
+    return Choice(micro=int(micro), checkpointing=bool(fsdp and fsdp.activation_checkpointing),
+                  strategy=fsdp.sharding_strategy if fsdp is not None else None)
+
+
+def proposals(planner: Planner, base: Estimate) -> list[tuple[str, Estimate]]:
+    """Changes that make the recipe fit, or run faster while fitting; each is a full estimate."""
+    out: list[tuple[str, Estimate]] = []
+    c = base.choice
+    candidates: list[tuple[str, Choice]] = []
+    if not c.checkpointing and planner.cfg.fsdp_config is not None:
+        candidates.append(("fsdp_config.activation_checkpointing=true", dataclasses.replace(c, checkpointing=True)))
+    if c.checkpointing:
+        candidates.append(("fsdp_config.activation_checkpointing=false", dataclasses.replace(c, checkpointing=False)))
+    for micro in (c.micro // 2, c.micro * 2):
+        if 1 <= micro <= planner.device_batch and planner.device_batch % micro == 0 and micro != c.micro:
+            candidates.append((f"device_train_microbatch_size={micro}", dataclasses.replace(c, micro=micro)))
+    if c.strategy == "SHARD_GRAD_OP":
+        candidates.append(("fsdp_config.sharding_strategy=FULL_SHARD", dataclasses.replace(c, strategy="FULL_SHARD")))
+    elif c.strategy == "FULL_SHARD" and planner.world > planner.gpus_per_node:
+        candidates.append(("fsdp_config.sharding_strategy=HYBRID_SHARD",
+                           dataclasses.replace(c, strategy="HYBRID_SHARD")))
+    for change, choice in candidates:
+        try:
+            est = planner.estimate(choice)
+        except ConfigError:
+            continue
+        if (not base.fits and est.fits) or (est.fits and est.step_s < base.step_s * 0.98):
+            out.append((change, est))
+    out.sort(key=lambda item: (not item[1].fits, item[1].step_s))
+    return out
