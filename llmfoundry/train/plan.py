@@ -3,9 +3,12 @@ given number of GPUs, and the changes that make it fit or go faster (each checke
 
 Memory per GPU (plan_memory.py measures the activations on fake tensors):
   forward/backward: params + optimizer state + activations + gradients held (all of them when microbatches
-  accumulate: FSDP2 keeps them unsharded in the parameter dtype until the last microbatch; otherwise those made
-  before the peak) + FSDP2's gathered blocks (the root and two blocks, with prefetch; a block's unsharded
+  accumulate: the trainer turns FSDP2's gradient sync off for all but the last microbatch
+  (parallel.gradient_sync), so FSDP2 keeps them unsharded, in reduce_dtype where it differs from param_dtype (its
+  FSDPParam.to_accumulated_grad_if_needed); otherwise those made before the peak) + FSDP2's gathered blocks (the root and two blocks, with prefetch; a block's unsharded
   gradients in backward; SHARD_GRAD_OP keeps every block gathered)
+  end of backward: params + optimizer state + every gradient + FSDP2's gathered blocks + what one block's backward
+  holds (its activations, recomputed with checkpointing)
   optimizer step: params + gradients + optimizer state + the step's temporaries
 Time per step (roofline): model FLOPs (``flops_per_token``; + the forward again with activation checkpointing) at
 MATMUL_EFFICIENCY of the GPU's peak, or the HBM traffic, whichever is longer, plus the FSDP2 collectives that do
@@ -109,6 +112,11 @@ class Planner:
         return tuple(float(getattr(one, k) + more * (getattr(two, k) - getattr(one, k)))
                      for k in ("activations", "grads_at_peak", "optimizer_temp"))
 
+    def _block_activations(self, micro: int, dtype: torch.dtype) -> float:
+        """What one block's backward holds (its activations without checkpointing: recomputed ones with it)."""
+        runs = self._measure(micro, False, dtype)
+        return float(runs[1].activations - runs[0].activations) if len(runs) == 2 else float(runs[0].activations)
+
     def shard_degree(self, strategy: str | None) -> int:
         fsdp = self.cfg.fsdp_config
         dp = self.world // self.tp
@@ -147,7 +155,7 @@ class Planner:
         opt_temp = opt_temp * wb / pb / self.tp / shard
         accumulating = self.device_batch > choice.micro
         if accumulating:
-            held = n_local * pb if sharded and shard > 1 else grads  # FSDP2 without sync: unsharded grads
+            held = n_local * rb if sharded and shard > 1 else grads  # FSDP2 without sync: unsharded grads
         else:
             held = grads_early / self.tp / shard * wb / pb
         gathered = 0.0
@@ -157,7 +165,9 @@ class Planner:
                 gathered = n_local * pb + block * rb
             else:
                 gathered = (self.root_params / self.tp + 2 * block) * pb + block * rb
-        peak = max(params + optimizer + acts + held + gathered, params + optimizer + grads + opt_temp)
+        # the end of the backward: the first block's backward, with (almost) every gradient made
+        late = params + optimizer + max(grads, held) + gathered + self._block_activations(choice.micro, pdt)
+        peak = max(params + optimizer + acts + held + gathered, late, params + optimizer + grads + opt_temp)
         return self._timed(choice, shard, pb, rb, Estimate(
             choice=choice, world=self.world, shard=shard, params=params, grads=grads, optimizer=optimizer,
             activations=acts, activations_other=other, grads_held=held, fsdp_gathered=gathered,

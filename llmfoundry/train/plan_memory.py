@@ -4,8 +4,9 @@ Parameters, gradients and optimizer state come from the recipe's model built on 
 builder (``train/builders.build_model``), counted per rank by FSDP2's sharding rules. Activations are measured:
 the model is rebuilt with 1 and with 2 blocks, materialised under ``FakeTensorMode`` on the CPU (with FSDP2's
 parameter dtype when the recipe's mixed precision casts them), and one microbatch of the recipe's shape runs
-forward (under the recipe's autocast), the trainer's loss, backward and two optimizer steps, while a dispatch
-mode records every storage that is allocated and freed. Activations of L blocks are then ``m1 + (L - 1) (m2 -
+forward (under the recipe's autocast), the trainer's loss, backward and an optimizer step, then the same again
+tracked by torch's MemTracker (torch.distributed._tools.mem_tracker; ``ActivationPeak`` keeps the moment its
+activations + temporaries peak, and the gradients made by then). Activations of L blocks are then ``m1 + (L - 1) (m2 -
 m1)``: the embedding, the logits and the loss (often the largest single activation) are in ``m1``, one block's
 saved tensors in the difference; with activation checkpointing the same runs measure the block inputs kept and
 one block recomputed. The optimizer step's temporaries (foreach kernels) are measured the same way.
@@ -15,12 +16,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import weakref
 from dataclasses import dataclass
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from llmfoundry.core import precision as prec
@@ -36,73 +35,12 @@ STATE_PER_PARAM = {"decoupled_adamw": 2, "adamw": 2, "decoupled_lionw": 1, "clip
                    "no_op": 0}
 
 
-class LiveBytes(TorchDispatchMode):
-    """Every storage an op creates, with the moment it is freed: a timeline of (id, +bytes / -bytes). Storage
-    addresses are reused once freed, so each allocation gets its own id."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.events: list[tuple[int, int]] = []
-        self._live: dict[int, tuple[int, weakref.ref]] = {}  # storage address -> (id, weak reference)
-
-    def _free(self, address: int, uid: int, size: int) -> None:
-        if self._live.get(address, (None,))[0] == uid:
-            del self._live[address]
-        self.events.append((uid, -size))
-
-    def _see(self, t: torch.Tensor) -> None:
-        storage = t.untyped_storage()
-        address = storage._cdata
-        if address in self._live:
-            return
-        uid, size = len(self.events), storage.nbytes()
-        ref = weakref.ref(storage, lambda _, a=address, u=uid, n=size: self._free(a, u, n))
-        self._live[address] = (uid, ref)
-        self.events.append((uid, size))
-
-    def ids(self, tensors) -> frozenset:
-        """The ids of the live storages of ``tensors`` (those made while tracking)."""
-        found = (self._live.get(t.untyped_storage()._cdata) for t in tensors if t is not None)
-        return frozenset(entry[0] for entry in found if entry is not None)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                self._see(t)
-        return out
-
-    def mark(self) -> int:
-        return len(self.events)
-
-    def peak(self, start: int = 0, end: int | None = None, exclude: frozenset = frozenset()) -> tuple[int, int]:
-        """(peak bytes above what was live at ``start``, the event index of that peak) in events[start:end],
-        storages in ``exclude`` left out."""
-        level = best = 0
-        at = start
-        for i, (key, delta) in enumerate(self.events[start:end], start):
-            if key in exclude:
-                continue
-            level += delta
-            if level > best:
-                best, at = level, i
-        return best, at
-
-    def live_at(self, index: int, keys: frozenset) -> int:
-        """Bytes of the storages in ``keys`` alive just after event ``index``."""
-        level = 0
-        for key, delta in self.events[: index + 1]:
-            if key in keys:
-                level += delta
-        return level
-
-
 @dataclass
 class Measured:
     """One fake microbatch of a model with ``layers`` blocks (bytes)."""
 
     layers: int
-    activations: int  # peak of forward + backward above the parameters, gradients left out
+    activations: int  # the peak of activations + temporaries in forward + backward (MemTracker's categories)
     grads_at_peak: int  # gradients already made at that moment (the head's, mostly)
     optimizer_temp: int  # an optimizer step's own temporaries, above parameters, gradients and state
     params: int  # elements
@@ -128,10 +66,39 @@ def meta_model(model: Component):
         return build_model(model, None)
 
 
+def _by_name(device_snapshot: dict) -> dict[str, int]:
+    """One device's snapshot keyed by category name ("Activation", "Temp", "Gradient", ..., "Total")."""
+    return {str(getattr(k, "value", k)): v for k, v in device_snapshot.items()}
+
+
+class ActivationPeak(MemTracker):
+    """torch's MemTracker that also keeps the moment its activations + temporaries peak, with the gradients made by
+    then (``activation_peak``: bytes, gradient bytes). The total's peak alone is no base for extrapolating: where
+    it falls moves with the number of blocks (at the end of the backward when the gradients outweigh what a block
+    keeps), and the activations at it with it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.activation_peak = (0, 0)
+
+    def _update_peak_stats(self, peak_state) -> None:
+        super()._update_peak_stats(peak_state)
+        for snap in self._curr_mem_snap.values():
+            level = snap[_MemRefType.ACT] + snap[_MemRefType.TEMP] + snap[_MemRefType.OTH]
+            if level > self.activation_peak[0]:
+                self.activation_peak = (level, snap[_MemRefType.GRAD])
+
+
+def _snapshot(tracker: MemTracker, kind: str) -> dict[str, int]:
+    snapshots = tracker.get_tracker_snapshot(kind)
+    return _by_name(next(iter(snapshots.values()))) if snapshots else {}
+
+
 def measure(cfg, micro: int, layers: int, checkpointing: bool, param_dtype: torch.dtype, fake: bool = True) -> Measured:
-    """Forward, loss, backward and two optimizer steps of one fake microbatch (``micro`` x max_seq_len) for the
-    recipe's model with ``layers`` blocks; ``param_dtype``: the dtype FSDP2 computes in (the sharded weights' own
-    dtype without FSDP2's mixed precision)."""
+    """One training step of one fake microbatch (``micro`` x max_seq_len) for the recipe's model with ``layers``
+    blocks, the second one (the optimizer state exists), tracked by torch's MemTracker
+    (torch.distributed._tools.mem_tracker: the categories of the peak); ``param_dtype``: the dtype FSDP2 computes
+    in (the sharded weights' own dtype without FSDP2's mixed precision)."""
     device = torch.device("cpu")
     with torch.device("meta"):
         model = build_model(shrunk(cfg.model, layers), None).to(param_dtype)
@@ -139,32 +106,35 @@ def measure(cfg, micro: int, layers: int, checkpointing: bool, param_dtype: torc
         for module in parallel.checkpoint_targets(model, model.blocks()):
             parallel.apply_activation_checkpointing(module, reentrant=False)
     loss_fn = TokenLoss(label_offset(model))
-    tracker = LiveBytes()
+
+    def forward_backward() -> None:
+        with prec.autocast(cfg.precision, device):
+            output = model(input_ids=ids)
+        loss_fn(output.logits, ids, reduction="sum").backward()
+
     try:
         with FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext():
             parallel.materialize(model, device, 0)
             optimizer = build_optimizer(cfg.optimizer, model)
             ids = torch.zeros((micro, cfg.max_seq_len), dtype=torch.long)
-            params = list(model.parameters())
+            forward_backward()  # the first step makes the optimizer state
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            tracker = ActivationPeak()
+            tracker.track_external(model, optimizer)
             with tracker:
-                start = tracker.mark()
-                with prec.autocast(cfg.precision, device):
-                    output = model(input_ids=ids)
-                logits = output.logits
-                loss_fn(logits, ids, reduction="sum").backward()
-                del output, logits
-                end = tracker.mark()
-                optimizer.step()  # makes the state
+                forward_backward()
+            stepper = MemTracker()
+            stepper.track_external(model, optimizer)
+            held = _snapshot(stepper, "current").get("Total", 0)
+            with stepper:
                 optimizer.step()  # the steady step: its temporaries alone
-                step_end = tracker.mark()
-            grads = tracker.ids(p.grad for p in params)
-            state = tracker.ids(t for s in optimizer.state.values() for t in s.values()
-                                  if isinstance(t, torch.Tensor))
+            optimizer_temp = _snapshot(stepper, "peak").get("Total", 0) - held
     except ConfigError:
         raise
     except Exception as error:  # a model the fake run cannot follow (data-dependent control flow, ...)
         raise ConfigError(f"model: its memory could not be measured on fake tensors ({first_line(error)})") from None
-    activations, at = tracker.peak(start, end, exclude=grads)
-    optimizer_temp, _ = tracker.peak(end, step_end, exclude=grads | state)
-    return Measured(layers=layers, activations=activations, grads_at_peak=tracker.live_at(at, grads),
-                    optimizer_temp=optimizer_temp, params=sum(p.numel() for p in params))
+    activations, grads_at_peak = tracker.activation_peak
+    return Measured(layers=layers, activations=activations, grads_at_peak=grads_at_peak,
+                    optimizer_temp=max(0, optimizer_temp),
+                    params=sum(p.numel() for p in model.parameters()))

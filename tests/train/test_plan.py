@@ -1,6 +1,7 @@
 """`llmfoundry plan`: bad input is one line and exit code 2; the estimate's fake-tensor measurement agrees with
-real tensors. (The comparison with a real training step's memory tracker is still to come: see the report in
-docs/contributing-notes.md under `llmfoundry plan`.)"""
+real tensors; its memory figures are within 10% of what torch's MemTracker (FSDPMemTracker under FSDP2) records
+around a real training step, for a tiny and a 125M-shaped model, one rank and two FSDP2 ranks, with and without
+activation checkpointing (tests/train/_plan_worker.py's `record_memory` callback)."""
 
 from __future__ import annotations
 
@@ -47,3 +48,88 @@ def test_fake_tensors_measure_what_real_tensors_hold():
         fake = plan_memory.measure(cfg, 2, 2, checkpointing, torch.float32, fake=True)
         real = plan_memory.measure(cfg, 2, 2, checkpointing, torch.float32, fake=False)
         assert fake == real
+
+
+# ------------------------------------------------------------------ the estimate against a real step's MemTracker
+SHAPES = {"tiny": {}, "125m": {"d_model": 768, "n_heads": 12, "n_layers": 12, "expansion_ratio": 4}}
+
+
+def memory_recipe(mds_root, tokenizer_dir, folder, shape: str, checkpointing: bool, ranks: int) -> dict:
+    """tests/helpers.tiny_recipe with ``shape``'s model, fp32, two batches of 2 samples per rank (64 tokens each)
+    and the `record_memory` callback tracking the second."""
+    import tests.train._plan_worker  # noqa: F401  (registers record_memory)
+    from tests.helpers import tiny_recipe
+
+    recipe = tiny_recipe(mds_root, tokenizer_dir, precision="fp32", max_duration="2ba",
+                         global_train_batch_size=2 * ranks, device_train_microbatch_size=2,
+                         fsdp_config={"activation_checkpointing": checkpointing},
+                         callbacks={"record_memory": {"folder": str(folder)}})
+    del recipe["eval_loader"], recipe["eval_interval"]
+    recipe["model"].update(SHAPES[shape])
+    return recipe
+
+
+def predicted(recipe: dict, ranks: int):
+    from llmfoundry.train.plan import Planner, recipe_choice
+    from llmfoundry.train.plan_hardware import GPUS
+
+    cfg = validate(recipe, TrainConfig)
+    return Planner(cfg, 1, ranks, GPUS["h100"]).estimate(recipe_choice(cfg))
+
+
+def compare(est, measured: dict, sharded: bool) -> dict[str, tuple[float, float]]:
+    """(predicted, measured) MB. Parameters, gradients (all made: just after the backward) and optimizer state;
+    one rank: the peak of activations + temporaries in forward/backward (MemTracker's categories); under FSDP2,
+    all that is above the sharded parameters and state at the peak (gradients made by then, gathered blocks,
+    collective buffers, one block's backward: the plan's split of it is approximate, the sum counts); the peak of
+    the whole step."""
+    fb, after, step = measured["forward_backward"], measured["after_backward"], measured["step"]
+    params, grads, opt = (("Sharded Param", "Sharded Grad", "OptState") if sharded else
+                          ("Parameter", "Gradient", "Optstate"))
+    figures = {
+        "parameters": (est.params, after[params]),
+        "gradients": (est.grads, after[grads]),
+        "optimizer state": (est.optimizer, fb[opt]),
+        **({"above sharded state": (est.peak - est.params - est.optimizer, fb["Total"] - fb[params] - fb[opt])}
+           if sharded else
+           {"activations": (est.activations, measured["activation_peak"][0])}),
+        "peak": (est.peak, step["Total"]),
+    }
+    return {name: (p / 1e6, m / 1e6) for name, (p, m) in figures.items()}
+
+
+def assert_within_10_percent(figures: dict) -> None:
+    print("\n".join(f"  {name:<26} predicted {p:9.3f} MB  measured {m:9.3f} MB" for name, (p, m) in figures.items()))
+    wrong = {name: (p, m) for name, (p, m) in figures.items() if abs(p - m) > 0.1 * m}
+    assert not wrong, f"more than 10% off: {wrong}"
+
+
+# 125M-shaped without checkpointing is left out for time: at 2 x 64 tokens its peak is the end of the backward (all
+# gradients, few activations left) and its figures equal those with checkpointing to the byte.
+@pytest.mark.parametrize("shape, checkpointing", [("tiny", False), ("tiny", True), ("125m", True)])
+def test_predicted_memory_is_within_10_percent_of_a_real_step(shape, checkpointing, mds_root, tokenizer_dir,
+                                                              tmp_path):
+    import json
+
+    from tests.helpers import make_trainer
+
+    recipe = memory_recipe(mds_root, tokenizer_dir, tmp_path, shape, checkpointing, 1)
+    make_trainer(recipe).fit()
+    measured = json.loads((tmp_path / "memory-rank0.json").read_text())
+    assert_within_10_percent(compare(predicted(recipe, 1), measured, sharded=False))
+
+
+@pytest.mark.dist
+def test_predicted_memory_of_two_fsdp_ranks_is_within_10_percent_of_a_real_step(mds_root, tokenizer_dir, tmp_path):
+    import json
+    from pathlib import Path
+
+    from tests.distributed.helpers import forked_ranks_args, run_job
+
+    recipe = memory_recipe(mds_root, tokenizer_dir, tmp_path, "125m", True, 2)
+    worker = Path(__file__).with_name("_plan_worker.py")
+    run_job(recipe, tmp_path, "memory", nproc=2, entry=[*forked_ranks_args(2), str(worker)])
+    est = predicted(recipe, 2)
+    for rank in (0, 1):
+        measured = json.loads((tmp_path / f"memory-rank{rank}.json").read_text())
+        assert_within_10_percent(compare(est, measured, sharded=True))
