@@ -13,7 +13,8 @@ Memory per GPU (plan_memory.py measures the activations on fake tensors):
 Time per step (roofline): model FLOPs (``flops_per_token``; + the forward again with activation checkpointing) at
 MATMUL_EFFICIENCY of the GPU's peak, or the HBM traffic, whichever is longer, plus the FSDP2 collectives that do
 not overlap (the first block's all-gather and the last reduce-scatter are exposed; the rest overlaps compute
-unless it takes longer).
+unless it takes longer). Each collective runs at its group's bus bandwidth: NVLink within a node; a group
+spanning nodes through all of each node's NICs (NCCL's one ring per NIC); HSDP's replica all-reduce through one.
 """
 
 from __future__ import annotations
@@ -78,7 +79,9 @@ def _bytes(dtype: torch.dtype) -> int:
 class Planner:
     """The recipe's model, measured once per (microbatch, checkpointing, parameter dtype); estimates per choice."""
 
-    def __init__(self, cfg, nodes: int, gpus_per_node: int, gpu: GPU):
+    def __init__(self, cfg, nodes: int, gpus_per_node: int, gpu: GPU, measured: dict | None = None):
+        """``measured``: another Planner's ``measured`` for the same model, max_seq_len, precision and optimizer
+        (only the batch sizes, world or activation_checkpointing differ), so that its fake runs are not repeated."""
         self.cfg, self.nodes, self.gpus_per_node, self.gpu = cfg, nodes, gpus_per_node, gpu
         self.world = nodes * gpus_per_node
         self.tp = cfg.tp_config.tensor_parallel_degree if cfg.tp_config is not None else 1
@@ -93,14 +96,14 @@ class Planner:
         self.state_per_param = plan_memory.STATE_PER_PARAM.get(cfg.optimizer.name, 2)
         if getattr(cfg.optimizer.settings, "amsgrad", False):
             self.state_per_param += 1
-        self._measured: dict = {}
+        self.measured: dict = {} if measured is None else measured  # (micro, checkpointing, dtype) -> runs
 
     def _measure(self, micro: int, checkpointing: bool, dtype: torch.dtype):
         key = (micro, checkpointing, dtype)
-        if key not in self._measured:
+        if key not in self.measured:
             layers = (1, 2) if self.layers >= 2 else (self.layers,)
-            self._measured[key] = [plan_memory.measure(self.cfg, micro, n, checkpointing, dtype) for n in layers]
-        return self._measured[key]
+            self.measured[key] = [plan_memory.measure(self.cfg, micro, n, checkpointing, dtype) for n in layers]
+        return self.measured[key]
 
     def _extrapolated(self, micro: int, checkpointing: bool, dtype: torch.dtype) -> tuple[float, float, float]:
         """(activations, gradients made before their peak, optimizer temporaries) of the whole model, one rank."""
@@ -188,6 +191,7 @@ class Planner:
         hbm += 2 * (est.params + est.grads + est.optimizer)
         compute_s = max(compute_s, hbm / gpu.hbm_bytes_per_s)
         comm: dict[str, float] = {}
+        seconds: list[float] = []  # each collective at its own group's bandwidth
         n_local = self.n_params / self.tp
         if shard > 1:
             frac = (shard - 1) / shard
@@ -195,20 +199,20 @@ class Planner:
             comm["fsdp all-gather (forward)"] = micros * n_local * pb * frac if regather else n_local * pb * frac
             comm["fsdp all-gather (backward)"] = micros * n_local * pb * frac if regather else 0.0
             comm["fsdp reduce-scatter"] = n_local * rb * frac
+            fsdp_bytes = sum(comm.values())
+            seconds.append(fsdp_bytes / self._ring_bytes_per_s(shard * self.tp))  # a shard group: its dp ranks
             replicas = self.world // self.tp // shard
-            if replicas > 1:
+            if replicas > 1:  # one all-reduce per position in the shard group, each over its own GPU's link
                 comm["replica all-reduce (hybrid)"] = 2 * n_local / shard * rb * (replicas - 1) / replicas
+                seconds.append(comm["replica all-reduce (hybrid)"] / self._ring_bytes_per_s(self.world, one_nic=True))
         elif self.world // self.tp > 1:
             comm["gradient all-reduce"] = 2 * n_local * rb * (self.world // self.tp - 1) / (self.world // self.tp)
+            seconds.append(comm["gradient all-reduce"] / self._ring_bytes_per_s(self.world))
         if self.tp > 1:  # two all-reduces (ffn) of the activations per block, forward and backward
             act = choice.micro * cfg.max_seq_len * getattr(cfg.model.settings, "d_model", 0) * pb
             comm["tensor-parallel all-reduce"] = micros * self.layers * 2 * 2 * act * 2 * (self.tp - 1) / self.tp
-        intra = shard <= self.gpus_per_node and self.tp <= self.gpus_per_node
-        link = (gpu.intra_node_bytes_per_s if intra and self.nodes == 1 or intra and shard <= self.gpus_per_node
-                else gpu.inter_node_bytes_per_s) * LINK_EFFICIENCY
-        if self.nodes > 1 and shard > self.gpus_per_node:
-            link = gpu.inter_node_bytes_per_s * LINK_EFFICIENCY
-        comm_s = sum(comm.values()) / link
+            seconds.append(comm["tensor-parallel all-reduce"] / self._ring_bytes_per_s(self.tp))
+        comm_s = sum(seconds)
         exposed = max(0.0, comm_s - compute_s) + comm_s / max(1, 2 * self.layers)
         opt_s = 2 * (est.params + est.grads + est.optimizer) / gpu.hbm_bytes_per_s
         step_s = compute_s + exposed + opt_s
@@ -220,6 +224,18 @@ class Planner:
         est.tokens_per_step = cfg.global_train_batch_size * cfg.max_seq_len
         est.steps = self.steps()
         return est
+
+    def _ring_bytes_per_s(self, span: int, one_nic: bool = False) -> float:
+        """Bus bandwidth of a ring collective over ``span`` consecutive ranks: NVLink within a node. Across nodes
+        NCCL runs one ring per GPU's NIC, so a collective of the whole group leaves each node through all of its
+        NICs (gpus_per_node x one NIC, at most NVLink: 8 x 50 GB/s on an H100 node); ``one_nic``: groups of one rank
+        per node (HSDP's replicas), each all-reduce on its own GPU's NIC."""
+        gpu = self.gpu
+        if span <= self.gpus_per_node:
+            return gpu.intra_node_bytes_per_s * LINK_EFFICIENCY
+        if one_nic:
+            return gpu.inter_node_bytes_per_s * LINK_EFFICIENCY
+        return min(gpu.intra_node_bytes_per_s, self.gpus_per_node * gpu.inter_node_bytes_per_s) * LINK_EFFICIENCY
 
     def steps(self) -> int | None:
         """Batches in max_duration where the recipe alone says it (ba, tok, sp); None for epochs."""
