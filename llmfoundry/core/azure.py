@@ -79,7 +79,9 @@ def _filesystem():
 
     # One instance per process and settings (fsspec's cache; a forked rank makes its own). No listing cache:
     # "latest" and completion markers are read again and again and must be current.
-    return adlfs.AzureBlobFileSystem(**settings, use_listings_cache=False)
+    # anon=False: older adlfs (2024.4) defaults to anonymous access when no key is given, which would turn an
+    # azure-identity login (az login, a managed identity) into "container not found" / "access refused"
+    return adlfs.AzureBlobFileSystem(**settings, anon=False, use_listings_cache=False)
 
 
 def _status(error: BaseException) -> tuple[int, str | None] | None:

@@ -403,16 +403,20 @@ def materialize(model: nn.Module, device: torch.device | str, seed: int) -> None
 
 @contextlib.contextmanager
 def gradient_sync(model: nn.Module, enabled: bool):
-    """Skip the gradient reduction of all but the last microbatch (DDP ``no_sync``, FSDP2 gradient sync)."""
+    """Skip what gradient reduction can wait for the last microbatch: DDP's all-reduce (``no_sync``) and HSDP's
+    all-reduce across replicas. FSDP's reduce-scatter runs after every microbatch, as under llm-foundry's FSDP, so a
+    rank only ever accumulates its own shard: skipping it too (``set_requires_gradient_sync(False)``) would hold the
+    whole model's gradients unsharded on every rank until the last microbatch (about 120 GiB per GPU for a 70B
+    model), and recipes that fit under llm-foundry would run out of memory here."""
     if enabled:
         yield
         return
     if isinstance(model, FSDPModule):
-        model.set_requires_gradient_sync(False)
+        model.set_requires_all_reduce(False)
         try:
             yield
         finally:
-            model.set_requires_gradient_sync(True)
+            model.set_requires_all_reduce(True)
     elif isinstance(model, DistributedDataParallel):
         with model.no_sync():
             yield

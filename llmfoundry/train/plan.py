@@ -2,10 +2,9 @@
 given number of GPUs, and the changes that make it fit or go faster (each checked by the same estimate).
 
 Memory per GPU (plan_memory.py measures the activations on fake tensors):
-  forward/backward: params + optimizer state + activations + gradients held (all of them when microbatches
-  accumulate: the trainer turns FSDP2's gradient sync off for all but the last microbatch
-  (parallel.gradient_sync), so FSDP2 keeps them unsharded, in reduce_dtype where it differs from param_dtype (its
-  FSDPParam.to_accumulated_grad_if_needed); otherwise those made before the peak) + FSDP2's gathered blocks (the root and two blocks, with prefetch; a block's unsharded
+  forward/backward: params + optimizer state + activations + gradients held (all of them, sharded, when
+  microbatches accumulate: FSDP2 reduce-scatters after every microbatch, parallel.gradient_sync; otherwise those
+  made before the peak) + FSDP2's gathered blocks (the root and two blocks, with prefetch; a block's unsharded
   gradients in backward; SHARD_GRAD_OP keeps every block gathered)
   end of backward: params + optimizer state + every gradient + FSDP2's gathered blocks + what one block's backward
   holds (its activations, recomputed with checkpointing)
@@ -134,6 +133,8 @@ class Planner:
 
     def estimate(self, choice: Choice) -> Estimate:
         cfg, fsdp = self.cfg, self.cfg.fsdp_config
+        # the trainer trains min(microbatch, device batch) samples at a time (trainer.py, compat.py)
+        choice = dataclasses.replace(choice, micro=max(1, min(choice.micro, self.device_batch)))
         sharded = fsdp is not None and self.world > 1 and choice.strategy is not None
         shard = self.shard_degree(choice.strategy)
         wb = _bytes(weight_dtype(cfg.precision))
@@ -158,7 +159,7 @@ class Planner:
         opt_temp = opt_temp * wb / pb / self.tp / shard
         accumulating = self.device_batch > choice.micro
         if accumulating:
-            held = n_local * rb if sharded and shard > 1 else grads  # FSDP2 without sync: unsharded grads
+            held = grads  # every (sharded) gradient, from the first microbatch's backward on (parallel.gradient_sync)
         else:
             held = grads_early / self.tp / shard * wb / pb
         gathered = 0.0
@@ -196,9 +197,10 @@ class Planner:
         if shard > 1:
             frac = (shard - 1) / shard
             regather = choice.strategy not in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2")
-            comm["fsdp all-gather (forward)"] = micros * n_local * pb * frac if regather else n_local * pb * frac
+            # FSDP2 reshards after every backward, so even SHARD_GRAD_OP gathers again in each microbatch's forward
+            comm["fsdp all-gather (forward)"] = micros * n_local * pb * frac
             comm["fsdp all-gather (backward)"] = micros * n_local * pb * frac if regather else 0.0
-            comm["fsdp reduce-scatter"] = n_local * rb * frac
+            comm["fsdp reduce-scatter"] = micros * n_local * rb * frac  # after every microbatch (gradient_sync)
             fsdp_bytes = sum(comm.values())
             seconds.append(fsdp_bytes / self._ring_bytes_per_s(shard * self.tp))  # a shard group: its dp ranks
             replicas = self.world // self.tp // shard

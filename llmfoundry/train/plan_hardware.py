@@ -35,7 +35,8 @@ class GPU:
 
 GPUS = {
     "h100": GPU("H100 SXM 80GB", 80 * GIB, 989.4e12, 3.35e12, 450 * GB, 50 * GB, 3.0),
-    "h200": GPU("H200 SXM 141GB", 141 * GB, 989.4e12, 4.8e12, 450 * GB, 50 * GB, 3.8),
+    # H200: torch.cuda reports 140.4 GiB (141 GB is the marketing figure)
+    "h200": GPU("H200 SXM 141GB", 140 * GIB, 989.4e12, 4.8e12, 450 * GB, 50 * GB, 3.8),
     "a100": GPU("A100 SXM 80GB", 80 * GIB, 312e12, 2.039e12, 300 * GB, 25 * GB, 1.8),
     "a100-40gb": GPU("A100 SXM 40GB", 40 * GIB, 312e12, 1.555e12, 300 * GB, 25 * GB, 1.3),
     "b200": GPU("B200 180GB", 180 * GB, 2.25e15, 7.7e12, 900 * GB, 50 * GB, 6.0),

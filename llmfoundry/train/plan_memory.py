@@ -59,6 +59,9 @@ def shrunk(model: Component, layers: int) -> Component:
 
 def meta_model(model: Component):
     """The recipe's model on the meta device, built by the trainer's builder (no tokenizer: sizes only)."""
+    if model.name != "mpt_causal_lm":
+        # a Hugging Face model would be built from its downloaded weights, and its blocks are not counted here
+        raise ConfigError(f"model.name: {model.name}: plan measures mpt_causal_lm models only so far")
     settings = model.settings
     if hasattr(settings, "init_device"):
         model = dataclasses.replace(model, settings=dataclasses.replace(settings, init_device="meta"))

@@ -36,6 +36,13 @@ def test_a_recipe_problem_is_the_line_check_prints(capsys):
     assert err[len("error: "):] in capsys.readouterr().out
 
 
+def test_a_hugging_face_model_is_refused_in_one_line_before_anything_is_downloaded(capsys):
+    # yamls/finetune/lora.yaml: hf_causal_lm with pretrained weights on the Hub (HF_HUB_OFFLINE=1 in the tests)
+    assert cli_main(["plan", "yamls/finetune/lora.yaml", "--nodes", "1", "--gpus-per-node", "8"]) == 2
+    assert capsys.readouterr().err.strip() == ("error: model.name: hf_causal_lm: plan measures mpt_causal_lm models "
+                                               "only so far")
+
+
 def test_fake_tensors_measure_what_real_tensors_hold():
     from llmfoundry.train import plan_memory
 
