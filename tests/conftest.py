@@ -13,6 +13,7 @@ import pytest
 from tests.helpers import (
     AZURE_TEST_CONTAINER,
     GCS_TEST_BUCKET,
+    OCI_TEST_BUCKET,
     S3_TEST_BUCKET,
     TINY_RECIPE_SEQ,
     convert_text_folder,
@@ -134,6 +135,56 @@ def s3_server(moto_s3, monkeypatch):
 
     boto3.client("s3", endpoint_url=moto_s3.url).create_bucket(Bucket=S3_TEST_BUCKET)
     yield moto_s3.url
+
+
+# ----------------------------------------------------------------------------------------------- OCI (S3 API on moto)
+OCI_TEST_KEY = ("oci-test-key-id", "oci-test-secret-key")  # the customer secret key the stand-in accepts
+OCI_TEST_REGION = "us-ashburn-1"  # the region the stand-in wants requests signed for
+
+
+def oci_refusals(method: str, path: str, headers) -> tuple[int, str, str] | None:
+    """What the OCI stand-in refuses that moto takes: the CRC checksum headers boto3 >= 1.36 adds by default (OCI's
+    S3 API rejects them; the code and message here are modelled, not recorded from OCI), and a request signed with
+    another key or for another region than OCI's (its S3 API checks both; moto checks neither)."""
+    names = {name.lower(): value for name, value in headers.items()}
+    if any(name.startswith(("x-amz-checksum-", "x-amz-sdk-checksum-algorithm")) for name in names) or \
+            "TRAILER" in names.get("x-amz-content-sha256", "").upper():
+        return 400, "InvalidArgument", "checksum headers are not supported"
+    credential = names.get("authorization", "").partition("Credential=")[2].split(",")[0].split("/")
+    if len(credential) < 3 or credential[0] != OCI_TEST_KEY[0]:
+        return 403, "InvalidAccessKeyId", "the access key id is not a customer secret key of this tenancy"
+    if credential[2] != OCI_TEST_REGION:
+        return 400, "AuthorizationHeaderMalformed", f"the region '{credential[2]}' is wrong; expecting " \
+                                                    f"{OCI_TEST_REGION}"
+    return None
+
+
+@pytest.fixture
+def oci_server(moto_s3, monkeypatch, tmp_path):
+    """The OCI stand-in: moto's S3 server behind a proxy that refuses what OCI's S3 compatibility API refuses
+    (``oci_refusals``), empty but for the bucket ``OCI_TEST_BUCKET``. Sets OCI_S3_ENDPOINT_URL (the proxy),
+    OCI_REGION and the OCI_S3_* customer secret key for the test and the processes it starts, points
+    OCI_CONFIG_FILE at no file and clears the AWS_* and S3 endpoint variables (nothing of S3's set-up is used).
+    Yields the proxy (``.url``, ``.refused``)."""
+    import boto3
+
+    from tests.http_fault_proxy import FaultProxy
+
+    moto_s3.start()
+    moto_s3.reset()
+    boto3.client("s3", endpoint_url=moto_s3.url, region_name="us-east-1", aws_access_key_id="moto",
+                 aws_secret_access_key="moto").create_bucket(Bucket=OCI_TEST_BUCKET)
+    proxy = FaultProxy("127.0.0.1", moto_s3.port, failures=0, refuse=oci_refusals)
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "S3_ENDPOINT_URL",
+                 "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "OCI_NAMESPACE", "OCI_CLI_PROFILE", "OCI_CLI_CONFIG_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in {"OCI_S3_ENDPOINT_URL": proxy.url, "OCI_REGION": OCI_TEST_REGION,
+                        "OCI_S3_ACCESS_KEY_ID": OCI_TEST_KEY[0], "OCI_S3_SECRET_ACCESS_KEY": OCI_TEST_KEY[1],
+                        "OCI_CONFIG_FILE": str(tmp_path / "no-oci-config"),
+                        "AWS_DEFAULT_REGION": "eu-west-1"}.items():  # a wrong region: the OCI one must win
+        monkeypatch.setenv(name, value)
+    yield proxy
+    proxy.close()
 
 
 # ----------------------------------------------------------------------------------------------- GCS (emulator)

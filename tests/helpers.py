@@ -12,6 +12,7 @@ from pathlib import Path
 # The bucket the ``s3_server`` fixture (tests/conftest.py) creates on the moto server.
 S3_TEST_BUCKET = "llmfoundry-test"
 GCS_TEST_BUCKET = "llmfoundry-gcs-test"
+OCI_TEST_BUCKET = "llmfoundry-oci-test"  # the bucket the ``oci_server`` fixture makes on the OCI stand-in (moto)
 AZURE_TEST_CONTAINER = "llmfoundry-azure-test"  # the container the ``azure_server`` fixture makes on Azurite
 
 _WORDS = (

@@ -1,10 +1,12 @@
 """An HTTP proxy in front of the moto S3 server that answers the first ``failures`` requests for each object (and
-each listing) with an S3 error, then forwards: a store in a storm of 503 SlowDown, for the tests of retries."""
+each listing) with an S3 error, then forwards: a store in a storm of 503 SlowDown, for the tests of retries.
+``refuse`` answers, instead of forwarding, the requests a store would refuse (the OCI stand-in's rules)."""
 
 from __future__ import annotations
 
 import http.client
 import threading
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 SLOW_DOWN = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
@@ -13,9 +15,12 @@ SLOW_DOWN = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code
 
 class FaultProxy:
     def __init__(self, target_host: str, target_port: int, failures: int = 3, status: int = 503,
-                 methods: tuple[str, ...] = ("GET", "HEAD")):
+                 methods: tuple[str, ...] = ("GET", "HEAD"),
+                 refuse: Callable[[str, str, Mapping[str, str]], tuple[int, str, str] | None] | None = None):
         self.target = (target_host, target_port)
         self.failures, self.status, self.methods = failures, status, methods
+        self.refuse = refuse  # (method, path, headers) -> (status, S3 error code, message) to answer, or None
+        self.refused: list[tuple[str, str, str]] = []  # (method, path, code) of each refused request
         self.seen: dict[tuple[str, str], int] = {}  # (method, path) -> requests so far
         self.answered_with_errors = 0
         self._lock = threading.Lock()
@@ -27,6 +32,20 @@ class FaultProxy:
 
             def _handle(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                refusal = proxy.refuse(self.command, self.path, self.headers) if proxy.refuse else None
+                if refusal is not None:
+                    status, code, message = refusal
+                    with proxy._lock:
+                        proxy.refused.append((self.command, self.path, code))
+                    error = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code>'
+                             f"<Message>{message}</Message></Error>").encode()
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(0 if self.command == "HEAD" else len(error)))
+                    self.end_headers()
+                    if self.command != "HEAD":
+                        self.wfile.write(error)
+                    return
                 with proxy._lock:
                     count = proxy.seen.get((self.command, self.path), 0)
                     proxy.seen[(self.command, self.path)] = count + 1

@@ -1,15 +1,15 @@
 """Object storage: the one module that talks to ``s3://`` stores (AWS S3, R2, MinIO, any S3-compatible endpoint)
-and, for checkpoints and loader remotes so far, ``gs://`` and Azure Blob Storage (``azure://`` and the other
-Azure spellings) through core/fsspec_store.py, which answers the same client calls (gcsfs, adlfs).
+and, for checkpoints and loader remotes so far, ``gs://`` and Azure (``azure://`` and the other spellings) through
+core/fsspec_store.py (gcsfs, adlfs: the same client calls) and ``oci://`` through OCI's S3 API (core/oci.py).
 
 Everything that reads or writes a URL goes through here: checkpoints (train.checkpointer / train.uploads), data
 preparation (data.prep), ICL task files (eval.icl.data) and model folders (loading). It gives
 
 * URL handling: :func:`is_remote` (any ``scheme://`` URL, never a local folder), :func:`split_url`, :func:`join`;
-  a URL of a store a key does not take (``oci://``, ``hf://``, ``dbfs:``; ``gs://`` and Azure outside checkpoints
+  a URL of a store a key does not take (``hf://``, ``dbfs:``; ``gs://``, Azure and ``oci://`` outside checkpoints
   and loader remotes) is a one-line error;
-* :func:`client`: a boto3 S3 client with connect/read timeouts; the endpoint comes from ``S3_ENDPOINT_URL`` (or
-  ``AWS_ENDPOINT_URL_S3``), credentials from boto3's usual chain;
+* :func:`client`: a boto3 S3 client with connect/read timeouts; the endpoint from ``S3_ENDPOINT_URL`` (or
+  ``AWS_ENDPOINT_URL_S3``), credentials from boto3's usual chain (oci://: core/oci.py's);
 * :class:`Retry` (exponential backoff until a deadline) for callers that must survive an outage;
 * :class:`ObjectFolder` (probe, exists, read, list, download or delete under a prefix) and whole-file helpers for
   local-or-remote paths;
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from llmfoundry.core import azure
+from llmfoundry.core import azure, oci
 from llmfoundry.core.errors import ConfigError, first_line
 from llmfoundry.core.gcs import GCSClient
 from llmfoundry.core.gcs import emulator as gcs_emulator
@@ -41,16 +41,17 @@ T = TypeVar("T")
 S3 = "s3://"
 GS = "gs://"
 AZURE = azure.SCHEMES  # azure://, az://, abfs://, abfss://, azure-dl://: one store, the container first
-# The stores each kind of path can use today: checkpoints (save_folder, load_path, autoresume) and MDS data
-# (a loader's remote: streaming downloads gs:// and Azure through us, data/streaming_stores.py) also on GCS and
-# Azure; task files, exports, converters' outputs and the rest on S3 only.
-CHECKPOINT_STORES = (S3, GS, *AZURE)
-DATA_STORES = (S3, GS, *AZURE)
+OCI = oci.SCHEME  # oci://bucket/path (or bucket@namespace): OCI's S3 compatibility API, core/oci.py
+# Checkpoints (save_folder, load_path, autoresume) and MDS data (a loader's remote; streaming downloads through us,
+# data/streaming_stores.py) take every store here; task files, exports, converters' outputs and the rest S3 only.
+CHECKPOINT_STORES = (S3, GS, *AZURE, OCI)
+DATA_STORES = (S3, GS, *AZURE, OCI)
 FSSPEC_STORES = (GS, *AZURE)  # answered by core/fsspec_store.FsspecClient
+ROUTED_STORES = (*FSSPEC_STORES, OCI)  # stores whose data streaming downloads with our clients
 # The optional package each of those needs, and the extra that installs it.
 NEEDS = {GS: ("gcsfs", "gcs"), **{scheme: ("adlfs", "azure") for scheme in AZURE}}
 # Stores that llm-foundry (through Composer) reads; named in the error so that a recipe using one fails clearly.
-OTHER_STORES = ("oci://", "wasb://", "wasbs://", "hf://", "dbfs:", "uc://")  # fmt: skip
+OTHER_STORES = ("wasb://", "wasbs://", "hf://", "dbfs:", "uc://")  # fmt: skip
 _MISSING = {"404", "nosuchkey", "notfound", "nosuchbucket", "nosuchentity"}
 
 
@@ -70,25 +71,28 @@ def check_url(url: str, key: str = "path", stores: tuple[str, ...] = (S3,)) -> N
             raise ConfigError(f"{key}: '{url}' has no bucket (use {scheme}bucket/path)")
         if scheme in AZURE:
             azure.check_container(url, key)
+        if scheme == OCI:
+            oci.check(url, key)
         if scheme in NEEDS and importlib.util.find_spec(NEEDS[scheme][0]) is None:
             package, extra = NEEDS[scheme]
             raise ConfigError(f"{key}: '{url}': {scheme} needs {package} (pip install 'llmfoundry[{extra}]')")
         return
-    names = {S3: "an s3:// URL", GS: "a gs:// URL", **{s: "an Azure URL (azure://container/path)" for s in AZURE}}
+    names = {S3: "an s3:// URL", GS: "a gs:// URL", **{s: "an Azure URL (azure://container/path)" for s in AZURE},
+             OCI: "an oci:// URL"}
     named = " or ".join(", ".join(dict.fromkeys(names.get(s, f"a {s} URL") for s in stores)).rsplit(", ", 1))
-    more = f" ({scheme} works for {FSSPEC_KEYS} so far)" if scheme in FSSPEC_STORES else ""
+    more = f" ({scheme} works for {FSSPEC_KEYS} so far)" if scheme in (*FSSPEC_STORES, OCI) else ""
     raise ConfigError(f"{key}: '{url}': {scheme} object stores are not supported here{more}; use a local path or "
                       f"{named} (any S3-compatible store works through S3_ENDPOINT_URL)")
 
 
-FSSPEC_KEYS = "the top-level save_folder and load_path and a loader's remote"  # (said for gs:// and Azure elsewhere)
+FSSPEC_KEYS = "the top-level save_folder and load_path and a loader's remote"  # (said for gs://, Azure, oci://)
 
 
 def split_url(url: str, key: str = "path", stores: tuple[str, ...] = (S3,)) -> tuple[str, str]:
-    """``s3://bucket/a/b/`` -> (``bucket``, ``a/b``)."""
+    """``s3://bucket/a/b/`` -> (``bucket``, ``a/b``); ``oci://bucket@namespace/a/b`` -> (``bucket``, ``a/b``)."""
     check_url(url, key, stores)
     bucket, _, prefix = url.split("://", 1)[1].partition("/")
-    return bucket, prefix.strip("/")
+    return bucket.partition("@")[0] if url.startswith(OCI) else bucket, prefix.strip("/")  # (an OCI namespace)
 
 
 def join(root: str, *parts: str) -> str:
@@ -113,6 +117,8 @@ def client_for(url: str, max_attempts: int = 3, key: str = "path"):
             return azure.AzureClient()
         except azure.NoAccount as error:
             raise ConfigError(f"{key}: '{url}': {error}") from None
+    if url.startswith(OCI):
+        return client(max_attempts=max_attempts, oci_settings=oci.configured(url, key))
     return client(max_attempts=max_attempts)
 
 
@@ -139,25 +145,32 @@ def _seconds(name: str, default: float) -> float:
     return value
 
 
-def client(max_attempts: int = 3, connect_timeout_s: float | None = None, read_timeout_s: float | None = None):
+def client(max_attempts: int = 3, connect_timeout_s: float | None = None, read_timeout_s: float | None = None,
+           oci_settings: oci.Settings | None = None):
     """An S3 client for AWS or any S3-compatible store, its requests bounded by ``LLMFOUNDRY_S3_CONNECT_TIMEOUT``
     (5 s) and ``LLMFOUNDRY_S3_READ_TIMEOUT`` (60 s) unless given here. ``max_attempts`` is botocore's retries
     setting of that name: how often a failed request is asked again after its first attempt (1 = once more); the
-    callers' :class:`Retry` loops go on beyond that."""
+    callers' :class:`Retry` loops go on beyond that. ``oci_settings``: OCI's S3 compatibility API (core/oci.py)."""
     import boto3  # imported on first use: checking a recipe or a URL does not need it
     from botocore.config import Config
 
     connect = connect_timeout_s if connect_timeout_s is not None else _seconds(*TIMEOUT_ENV["connect_timeout_s"])
     read = read_timeout_s if read_timeout_s is not None else _seconds(*TIMEOUT_ENV["read_timeout_s"])
-    options: dict[str, Any] = {}
-    if endpoint() and "request_checksum_calculation" in Config.OPTION_DEFAULTS:  # botocore >= 1.36
+    # OCI's S3 API: the bucket in the path, never in the host name
+    options: dict[str, Any] = {"s3": {"addressing_style": "path"}} if oci_settings is not None else {}
+    where = oci_settings.endpoint if oci_settings is not None else endpoint()
+    if where and "request_checksum_calculation" in Config.OPTION_DEFAULTS:  # botocore >= 1.36
         # boto3 >= 1.36 adds CRC checksums to every upload by default; several S3-compatible stores (B2, Ceph,
         # OCI's S3 API, some MinIO versions) reject them. They are sent only where the operation requires them.
-        options = {"request_checksum_calculation": "when_required", "response_checksum_validation": "when_required"}
+        options.update(request_checksum_calculation="when_required", response_checksum_validation="when_required")
     # a download runs DOWNLOAD_THREADS objects at once, each split by s3transfer into up to 10 ranged requests
     config = Config(retries={"max_attempts": max_attempts, "mode": "standard"}, connect_timeout=connect,
                     read_timeout=read, max_pool_connections=DOWNLOAD_THREADS * 10, **options)
-    return boto3.session.Session().client("s3", endpoint_url=endpoint(), config=config)
+    s3 = boto3.session.Session().client("s3", endpoint_url=where, config=config,
+                                        **(oci_settings.credentials() if oci_settings is not None else {}))
+    if oci_settings is not None:
+        s3.meta.events.register("before-sign.s3", oci.md5_instead_of_crc)
+    return s3
 
 
 # How often botocore asks again for each request of an upload (every part of a multipart upload too) before the
@@ -229,7 +242,9 @@ def explain(error: BaseException, url: str, key: str) -> ConfigError:
     """A one-line ConfigError for an object-store error met while setting up (not while uploading)."""
     code = error_code(error)
     bucket = url.split("://", 1)[1].partition("/")[0] if "://" in url else url
-    if url.startswith(GS):
+    if url.startswith(OCI):
+        bucket, where, setting, credentials = oci.described(url)
+    elif url.startswith(GS):
         where = gcs_emulator() or "Google Cloud Storage"
         setting = "STORAGE_EMULATOR_HOST" if gcs_emulator() else "the bucket name"
         credentials = "GOOGLE_APPLICATION_CREDENTIALS (or gcloud auth application-default login)"
@@ -241,6 +256,8 @@ def explain(error: BaseException, url: str, key: str) -> ConfigError:
     if code == "NoSuchBucket":
         return ConfigError(f"{key}: bucket '{bucket}' does not exist at {where} (create it, or check the name "
                            f"and {setting})")
+    if is_missing(error):  # the bucket answers, the object is not there
+        return ConfigError(f"{key}: '{url}' was not found at {where} (check the path)")
     if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
         return ConfigError(f"{key}: access to '{url}' was refused ({code}); check {credentials} and the bucket's "
                            "permissions")
@@ -452,8 +469,7 @@ def list_files(root: str, suffixes: tuple[str, ...]) -> list[str]:
     """Files under ``root`` (recursively, sorted) whose names end with one of ``suffixes``; local or remote."""
     if is_remote(root):
         folder = ObjectFolder(root, max_attempts=3)
-        scheme = root.split("://", 1)[0]
-        return sorted(f"{scheme}://{folder.bucket}/{k}" for k in folder.list_keys() if k.endswith(suffixes))
+        return sorted(f"{'/'.join(root.split('/', 3)[:3])}/{k}" for k in folder.list_keys() if k.endswith(suffixes))
     found = []
     for folder, _, names in os.walk(root):
         found += [os.path.join(folder, n) for n in names if n.endswith(suffixes)]

@@ -218,7 +218,10 @@ def resolve_load_path(path: str, staging: Path) -> str:
     if dist.rank() == 0:
         try:
             composer = _remote_composer_checkpoint(path.rstrip("/"))
-            if composer is not None:
+            if composer is not None and composer[1].endswith(".pt") and not objectstore.ObjectFolder(
+                    composer[0], "load_path", stores=objectstore.CHECKPOINT_STORES).exists(composer[1]):
+                found = str(objectstore.explain(FileNotFoundError(path), path, "load_path"))
+            elif composer is not None:
                 found = composer
             else:
                 folder, name = uploads.resolve_remote(path)
@@ -254,7 +257,7 @@ def _remote_composer_checkpoint(url: str, pointers_only: bool = False) -> tuple[
     for pointer in ("latest-sharded-rank0.symlink", "latest-rank0.pt.symlink"):
         target = folder.read_text(pointer)
         if target:
-            target_url = f"{url.split('://', 1)[0]}://{folder.bucket}/{target.strip().lstrip('/')}"
+            target_url = f"{'/'.join(url.split('/', 3)[:3])}/{target.strip().lstrip('/')}"  # scheme://bucket[@ns]
             return target_url.rstrip("/").rpartition("/")[::2]
     return None
 

@@ -66,6 +66,14 @@ def test_azure_credentials_are_masked_from_the_environment_and_in_a_quoted_conne
     assert find_secrets({"variables": {"store": f"AccountName=a;AccountKey={key}"}}) == {key: "variables.store"}
 
 
+def test_the_oci_customer_secret_key_is_masked_from_the_environment(monkeypatch):
+    for name in ("OCI_S3_ACCESS_KEY_ID", "OCI_S3_SECRET_ACCESS_KEY"):
+        assert name in secrets.SECRET_ENV_VARS
+        monkeypatch.setenv(name, f"{name.lower()}-value-0f3a9c")
+        assert mask_text(f"said: {name.lower()}-value-0f3a9c.") == f"said: {MASK}."
+        assert env_name_for(f"{name.lower()}-value-0f3a9c", "variables.key") == name
+
+
 def test_mask_secrets_masks_by_key_format_url_and_environment(monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "from-the-env-123")
     config = {"hf_token": "x" * 10, "n": 3, "kw": {"token": 5}, "note": "uses from-the-env-123",

@@ -85,3 +85,19 @@ def test_mds_data_on_a_store_streams_through_our_storage_layer_like_local_data(f
     assert batch_rows(remote_loader(remote, tokenizer)) == batch_rows(remote_loader(None, tokenizer, local=str(mds_root)))
     with pytest.raises(ConfigError, match=rf"train_loader\.dataset.*{re.escape(fsspec_store)}/missing.*index\.json"):
         remote_loader(f"{fsspec_store}/missing", tokenizer)
+
+
+def test_mds_data_on_oci_streams_through_our_s3_client_in_either_url_form(oci_server, mds_root, tmp_path, tokenizer,
+                                                                          monkeypatch):
+    """streaming's own OCI downloader needs the oci SDK and an API signing key; ours reads the shards through OCI's
+    S3 compatibility API (the stand-in here), as checkpoints do. ``oci://bucket@namespace/...`` (streaming's form)
+    names the same objects."""
+    from tests.helpers import OCI_TEST_BUCKET, upload_split
+
+    monkeypatch.setenv("LLMFOUNDRY_CACHE", str(tmp_path / "cache"))
+    upload_split(mds_root, "train", f"oci://{OCI_TEST_BUCKET}/mds")
+    local = batch_rows(remote_loader(None, tokenizer, local=str(mds_root)))
+    assert batch_rows(remote_loader(f"oci://{OCI_TEST_BUCKET}@testns/mds", tokenizer)) == local
+    assert oci_server.refused == []
+    with pytest.raises(ConfigError, match=rf"train_loader\.dataset.*oci://{OCI_TEST_BUCKET}/missing.*index\.json"):
+        remote_loader(f"oci://{OCI_TEST_BUCKET}/missing", tokenizer)

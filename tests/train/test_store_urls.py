@@ -1,6 +1,6 @@
 """Object-store URLs a path key cannot use are a one-line validation error, never a local folder: s3:// works
-everywhere, gs:// and Azure for the top-level save_folder / load_path and a loader's remote, the others nowhere
-yet."""
+everywhere, gs://, Azure and oci:// for the top-level save_folder / load_path and a loader's remote, the others
+nowhere yet."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from llmfoundry.train.recipe import TrainConfig, validate
 
 OTHER_STORES = ["gs://bucket/data", "oci://bucket@ns/data", "azure://container/data", "abfss://c@acct.dfs/x",
                 "hf://org/data", "dbfs:/Volumes/data"]
-FSSPEC = ("gs://", "azure://", "az://", "abfs://", "abfss://")  # these work for checkpoints and data
+FSSPEC = ("gs://", "azure://", "az://", "abfs://", "abfss://", "oci://")  # these work for checkpoints and data
 NOT_GS = [url for url in OTHER_STORES if not url.startswith(FSSPEC)]
 
 
@@ -43,7 +43,7 @@ def test_text_loader_remote(recipe, loader, url):
     assert any(p.startswith(_expected(f"{loader}.dataset.remote", url)) for p in problems), problems
 
 
-@pytest.mark.parametrize("url", ["oci://bucket@ns/code", "dbfs:/Volumes/code"])
+@pytest.mark.parametrize("url", ["wasb://c@acct/code", "dbfs:/Volumes/code"])
 def test_stream_remote(recipe, url):
     base = recipe()
     dataset = {k: v for k, v in base["train_loader"]["dataset"].items() if k not in ("local", "split")}
@@ -54,14 +54,14 @@ def test_stream_remote(recipe, url):
 
 
 def test_finetuning_loader_remote(recipe):
-    loader = {"name": "finetuning", "dataset": {"remote": "oci://bucket@ns/ft", "split": "train", "max_seq_len": 32}}
+    loader = {"name": "finetuning", "dataset": {"remote": "wasb://c@acct/ft", "split": "train", "max_seq_len": 32}}
     problems = _problems(recipe(train_loader=loader, eval_loader=None))
-    assert any(p.startswith(_expected("train_loader.dataset.remote", "oci://bucket@ns/ft")) for p in problems), problems
+    assert any(p.startswith(_expected("train_loader.dataset.remote", "wasb://c@acct/ft")) for p in problems), problems
 
 
 @pytest.mark.parametrize("root", ["gs://bucket", "azure://box", "az://box", "abfs://box", "abfss://box",
-                                  "azure-dl://box"])
-def test_gs_and_azure_pass_for_checkpoints_and_loader_remotes(recipe, root):
+                                  "azure-dl://box", "oci://bucket", "oci://bucket@namespace"])
+def test_gs_azure_and_oci_pass_for_checkpoints_and_loader_remotes(recipe, root):
     base = recipe()
     dataset = dict(base["train_loader"]["dataset"], remote=f"{root}/c4")
     validate(recipe(save_folder=f"{root}/run", load_path=f"{root}/run/ep0-ba2",
