@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -58,6 +59,9 @@ def make_world(work: Path) -> World:
     s3.start()
     boto3.client("s3", endpoint_url=s3.url, aws_access_key_id="chaos", aws_secret_access_key="chaos",
                  region_name="us-east-1").create_bucket(Bucket=BUCKET)
+    # this process reads the runs' results through llmfoundry's own store client (any scheme), which reads these
+    os.environ.update(AWS_ACCESS_KEY_ID="chaos", AWS_SECRET_ACCESS_KEY="chaos", AWS_DEFAULT_REGION="us-east-1",
+                      S3_ENDPOINT_URL=s3.url, AWS_ENDPOINT_URL_S3=s3.url)
     return World(work, mds, tokenizer, s3, TcpProxy("127.0.0.1", s3.port).up())
 
 
@@ -161,25 +165,28 @@ def s3_keys(world: World, prefix: str) -> list[str]:
     return [item["Key"] for page in pages for item in page.get("Contents", [])]
 
 
+def _remote(save_folder: str):
+    """The ObjectFolder of a save_folder on any store the trainer takes (s3://, gs://, Azure)."""
+    from llmfoundry.core import objectstore
+
+    return objectstore.ObjectFolder(save_folder, "save_folder", max_attempts=3, stores=objectstore.CHECKPOINT_STORES)
+
+
 def complete_checkpoints(world: World, save_folder: str) -> set[str]:
-    if save_folder.startswith("s3://"):
-        prefix = save_folder.split("/", 3)[3] + "/"
-        return {k[len(prefix):].split("/")[0] for k in s3_keys(world, prefix) if k.endswith("/.complete")}
+    if "://" in save_folder:
+        folder = _remote(save_folder)
+        start = len(folder.prefix) + 1 if folder.prefix else 0
+        return {k[start:].split("/")[0] for k in folder.list_keys() if k.endswith("/.complete")}
     return {p.name for p in Path(save_folder).glob("ep*-ba*") if (p / ".metadata").exists()}
 
 
 def final_weights(world: World, save_folder: str) -> dict[str, torch.Tensor] | None:
     name = f"ep0-ba{BATCHES}"
-    if save_folder.startswith("s3://"):
-        prefix = f"{save_folder.split('/', 3)[3]}/{name}/"
-        if f"{prefix}.complete" not in s3_keys(world, prefix):
+    if "://" in save_folder:
+        folder = _remote(save_folder)
+        if not folder.exists(name, ".complete"):
             return None
-        target = Path(tempfile.mkdtemp(dir=world.work)) / name
-        for key in s3_keys(world, prefix):
-            dest = target / key[len(prefix):]
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            s3_client(world).download_file(BUCKET, key, str(dest))
-        return local_weights(target)
+        return local_weights(folder.download(name, Path(tempfile.mkdtemp(dir=world.work))))
     folder = Path(save_folder) / name
     return local_weights(folder) if (folder / ".metadata").exists() else None
 
