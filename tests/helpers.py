@@ -101,6 +101,24 @@ def make_trainer(recipe: dict):
     return Trainer(validate(recipe, TrainConfig), recipe)
 
 
+def autoresume_in_another_process(plain: dict, folder: Path, max_duration: str = "3ba") -> str:
+    """``plain`` run again by `llmfoundry train` in a process of its own, with ``autoresume`` and a longer
+    ``max_duration``: the process inherits the store's variables; asserts it exits 0; returns its stdout."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    recipe_file = folder / "recipe.yaml"
+    recipe_file.write_text(yaml.safe_dump({**plain, "max_duration": max_duration, "autoresume": True,
+                                           "log_to_console": True}))
+    result = subprocess.run([sys.executable, "-m", "llmfoundry.cli", "train", str(recipe_file)],
+                            capture_output=True, text=True, env=dict(os.environ), timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout
+
+
 def weights(trainer) -> dict:
     """A detached copy of a trainer's model weights (to compare runs bitwise)."""
     return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}

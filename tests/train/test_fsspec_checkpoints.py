@@ -4,10 +4,6 @@ gcp-storage-emulator, azure:// on Azurite): the S3 protocol (staged background u
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -15,7 +11,7 @@ from llmfoundry.core import objectstore
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.train import uploads
 from llmfoundry.train.recipe import TrainConfig, validate
-from tests.helpers import make_trainer, weights
+from tests.helpers import autoresume_in_another_process, make_trainer, weights
 
 
 def names(root: str, prefix: str) -> list[str]:
@@ -71,17 +67,11 @@ def test_where_a_store_is_not_supported_yet_and_a_missing_bucket_are_one_line_er
 def test_a_checkpoint_on_a_store_is_resumed_by_another_process(recipe, fsspec_store, tmp_path):
     """The command line, in a process of its own, reaches the store through the same variable (STORAGE_EMULATOR_HOST;
     AZURE_STORAGE_CONNECTION_STRING reaches the ranks of tests/distributed/test_fsspec_resume.py)."""
-    import yaml
-
     url = f"{fsspec_store}/runs/cli"
     plain = recipe(max_duration="2ba", eval_loader=None, save_folder=url, save_interval="2ba")
     make_trainer(plain).fit()
-    recipe_file = tmp_path / "recipe.yaml"
-    recipe_file.write_text(yaml.safe_dump({**plain, "max_duration": "3ba", "autoresume": True, "log_to_console": True}))
-    result = subprocess.run([sys.executable, "-m", "llmfoundry.cli", "train", str(recipe_file)],
-                            capture_output=True, text=True, env=dict(os.environ), timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "resumed from" in result.stdout and "at batch 2" in result.stdout, result.stdout[-2000:]
+    stdout = autoresume_in_another_process(plain, tmp_path)
+    assert "resumed from" in stdout and "at batch 2" in stdout, stdout[-2000:]
     assert uploads.RemoteCheckpoints(url).read_text("latest").strip() == "ep0-ba3"
 
 

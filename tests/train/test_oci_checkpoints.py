@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -16,13 +14,11 @@ from llmfoundry.core import objectstore, oci
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.train import uploads
 from llmfoundry.train.recipe import TrainConfig, validate
-from tests.helpers import OCI_TEST_BUCKET, make_trainer, weights
+from tests.helpers import OCI_TEST_BUCKET, autoresume_in_another_process, make_trainer, weights
 
 
 @pytest.mark.s3
 def test_an_oci_save_folder_is_resumed_bitwise_by_another_process(recipe, oci_server, tmp_path):
-    import yaml
-
     url = f"oci://{OCI_TEST_BUCKET}/runs/a"
     plain = recipe(scheduler=None, eval_loader=None, max_duration="2ba", save_folder=url, save_interval="1ba",
                    save_num_checkpoints_to_keep=1)
@@ -31,12 +27,8 @@ def test_an_oci_save_folder_is_resumed_bitwise_by_another_process(recipe, oci_se
     assert folder.complete_checkpoints() == ["ep0-ba2"]  # retention deleted ep0-ba1 (a batched delete on OCI too)
     assert folder.read_text("latest").strip() == "ep0-ba2"
 
-    recipe_file = tmp_path / "recipe.yaml"
-    recipe_file.write_text(yaml.safe_dump({**plain, "max_duration": "3ba", "autoresume": True, "log_to_console": True}))
-    result = subprocess.run([sys.executable, "-m", "llmfoundry.cli", "train", str(recipe_file)],
-                            capture_output=True, text=True, env=dict(os.environ), timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "resumed from" in result.stdout and "at batch 2" in result.stdout, result.stdout[-2000:]
+    stdout = autoresume_in_another_process(plain, tmp_path)
+    assert "resumed from" in stdout and "at batch 2" in stdout, stdout[-2000:]
     assert folder.read_text("latest").strip() == "ep0-ba3"
 
     loaded = make_trainer(recipe(scheduler=None, eval_loader=None, max_duration="3ba", load_path=f"{url}/ep0-ba3"))
