@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -114,6 +115,17 @@ def launch(world: World, run: dict, run_dir: Path, attempt: int, env: dict | Non
     proc = subprocess.Popen([*torchrun_args(2), str(WORKER), str(path)], cwd=folder, env=env or world.env(),
                             stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
     return Job(proc, folder, log)
+
+
+def wait_for(predicate, job: Job, timeout: float = 300, poll: float = 0.002) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        if job.proc.poll() is not None:
+            return False
+        time.sleep(poll)
+    return False
 
 
 def run_to_end(world: World, run: dict, run_dir: Path, attempt: int, env=None) -> Job:

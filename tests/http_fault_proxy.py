@@ -30,6 +30,15 @@ class FaultProxy:
             def log_message(self, *args):  # quiet
                 pass
 
+            def _answer(self, status: int, error: bytes) -> None:
+                """An S3-style XML error (no body for HEAD)."""
+                self.send_response(status)
+                self.send_header("Content-Type", "application/xml")
+                self.send_header("Content-Length", str(0 if self.command == "HEAD" else len(error)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(error)
+
             def _handle(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 refusal = proxy.refuse(self.command, self.path, self.headers) if proxy.refuse else None
@@ -37,14 +46,8 @@ class FaultProxy:
                     status, code, message = refusal
                     with proxy._lock:
                         proxy.refused.append((self.command, self.path, code))
-                    error = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code>'
-                             f"<Message>{message}</Message></Error>").encode()
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/xml")
-                    self.send_header("Content-Length", str(0 if self.command == "HEAD" else len(error)))
-                    self.end_headers()
-                    if self.command != "HEAD":
-                        self.wfile.write(error)
+                    self._answer(status, (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code>'
+                                          f"<Message>{message}</Message></Error>").encode())
                     return
                 with proxy._lock:
                     count = proxy.seen.get((self.command, self.path), 0)
@@ -52,12 +55,7 @@ class FaultProxy:
                     fail = self.command in proxy.methods and count < proxy.failures
                     proxy.answered_with_errors += fail
                 if fail:
-                    self.send_response(proxy.status)
-                    self.send_header("Content-Type", "application/xml")
-                    self.send_header("Content-Length", str(0 if self.command == "HEAD" else len(SLOW_DOWN)))
-                    self.end_headers()
-                    if self.command != "HEAD":
-                        self.wfile.write(SLOW_DOWN)
+                    self._answer(proxy.status, SLOW_DOWN)
                     return
                 upstream = http.client.HTTPConnection(*proxy.target, timeout=30)
                 upstream.request(self.command, self.path, body=body or None, headers=dict(self.headers))
