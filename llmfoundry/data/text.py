@@ -220,20 +220,28 @@ class EndsAbandonedEpochs:
 
     streaming stops them only after the last sample, or when the dataset is iterated again; until then they poll
     every few milliseconds, and a process that abandons many iterations (every eval round, a test suite) slows
-    down with each. Only this iteration's own epoch is stopped: a newer one of the same dataset goes on."""
+    down with each. Only this iteration's own epoch is stopped: a newer one of the same dataset goes on. Every
+    iteration, finished or abandoned, also shuts down the dataset's thread pool (its running work goes on)."""
 
     def __iter__(self):
         samples = super().__iter__()
-        epoch = None
+        epoch = executor = None
         try:
             for sample in samples:
-                if epoch is None:  # streaming makes the epoch's iterator before its first sample
+                if epoch is None:  # streaming makes the epoch's iterator and thread pool before its first sample
                     epoch = getattr(self, "_iterator", None)
+                    executor = getattr(self, "_executor", None)
                 yield sample
         finally:
             samples.close()
             if epoch is not None:
                 epoch.non_blocking_exit()  # its threads end at their next tick; nothing here waits on a download
+            if executor is not None and executor is getattr(self, "_executor", None):
+                # streaming keeps one pool per dataset and process, whose idle workers would live as long as the
+                # dataset (a trainer's loaders: the whole run). Shut it down; forgetting the process that made it
+                # makes the next epoch start a fresh pool, as streaming does in a forked child.
+                executor.shutdown(wait=False)
+                self._thread_pid = None
 
 
 class StreamingTextDataset(EndsAbandonedEpochs, streaming.StreamingDataset):

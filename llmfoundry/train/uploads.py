@@ -121,10 +121,14 @@ class Uploader:
         self.retries = 0  # failed requests (botocore's retries of a part included) and files started again
         self._counting = threading.Lock()  # s3transfer's threads count too
         objectstore.count_failed_requests(self.folder.client, self._count_retry)
-        self._thread = threading.Thread(target=self._run, name=f"checkpoint-upload-rank{rank}", daemon=True)
-        self._thread.start()
+        # Started by the first upload: a run that stops before its first save (a bad recipe found late, a missing
+        # bucket) leaves no thread behind.
+        self._thread: threading.Thread | None = None
 
     def submit(self, job: UploadJob) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=f"checkpoint-upload-rank{self.rank}", daemon=True)
+            self._thread.start()
         self.jobs.put(job)
 
     def pending(self) -> int:
@@ -141,7 +145,8 @@ class Uploader:
 
     def close(self, timeout_s: float | None = None) -> bool:
         done = self.wait(timeout_s)
-        self.jobs.put(None)
+        if self._thread is not None:
+            self.jobs.put(None)
         return done
 
     # -- the thread --

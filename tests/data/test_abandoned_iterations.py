@@ -22,10 +22,11 @@ from llmfoundry.data.text import build_text_dataloader
 from tests.data.test_finetuning import chat_jsonl
 
 
-def _threads_settle_at(limit: int, timeout: float = 10.0) -> int:
+def _threads_settle_at(limit: int, timeout: float = 10.0, collect: bool = True) -> int:
     deadline = time.monotonic() + timeout
     while True:
-        gc.collect()  # the loaders' datasets (and with them their thread pools) are unreachable once dropped
+        if collect:
+            gc.collect()  # the loaders' datasets (and with them their thread pools) are unreachable once dropped
         count = threading.active_count()
         if count <= limit or time.monotonic() > deadline:
             return count
@@ -74,3 +75,16 @@ def test_a_new_iteration_of_the_same_loader_is_not_stopped_by_the_abandoned_one(
     del first  # the abandoned one ends now, after the second began: the second goes on to its end
     gc.collect()
     assert len(rows) + len(list(second)) == len(loader)
+
+
+def test_a_loader_kept_alive_holds_no_thread_between_its_iterations(mds_folder, tokenizer):
+    """A trainer keeps its loaders for the whole run: neither a finished epoch nor an abandoned one may leave the
+    epoch's thread pool (idle workers, one per started thread) alive until the next epoch or the loader's end."""
+    loader = _text_loader(mds_folder, tokenizer)
+    before = _threads_settle_at(threading.active_count())
+    for _ in range(3):
+        abandoned = iter(loader)
+        next(abandoned)
+        del abandoned
+        assert sum(1 for _ in loader) == len(loader)  # a whole epoch
+    assert _threads_settle_at(before, collect=False) <= before
