@@ -1,28 +1,31 @@
-"""save_async: checkpoints written in the background; the training loop waits only for a snapshot.
+"""save_async: checkpoints written by a process of their own; the training loop waits only for a snapshot.
 
-A save takes a :class:`~llmfoundry.train.checkpoint.Snapshot` of the live state, as a synchronous save does. The
-small state (trainer time, scheduler, RNG, loader position) and any model tensor that is not a parameter (buffers,
-which a forward pass may change) are copied at once; the parameters and the optimizer state, which only an optimizer
-step changes, are copied to host memory by a thread of their own (buffers kept from one save to the next; pinned
-memory and a stream of their own on a GPU) while the next batch's forward and backward run. The next
-optimizer step waits until that copy is done (an optimizer pre-step hook), as torchtitan's async checkpointing does.
-A writer thread then writes the copy with the same code as a synchronous save (train.checkpoint.write_snapshot):
-the DCP shards, ``rank{r}.pt``, checksums, the failure agreement, and the rename and ``latest`` only once every
-rank's files are complete (s3://: then the upload). Its collectives run on a gloo group made for it alone: two
-threads issuing collectives on one group (the loop's FSDP/DDP ones and the writer's) could be matched in a
-different order on each rank.
+A save takes a :class:`~llmfoundry.train.checkpoint.Snapshot` of the live state, as a synchronous save does, and
+copies its tensors into memory shared with this rank's writer process (train.checkpoint_writer; pinned on a GPU,
+where the copies run on a stream of their own). The small state (trainer time, scheduler, RNG, loader position) and
+any model tensor that is not a parameter (buffers, which a forward pass may change) are copied at once; the
+parameters and the optimizer state, which only an optimizer step changes, are copied by a thread of their own
+while the next batch's forward and backward run. The next optimizer step waits until that copy is done (an
+optimizer pre-step hook), as torchtitan's async checkpointing does. A courier thread then sends the writer where
+each tensor lies and waits, blocked in a socket read (no GIL held), for its answer; for an object store it hands
+the staged files to the uploader. The writer serialises, hashes and writes in its own interpreter.
 
-One write is in flight at a time: the next save, the end of training (``finish``), a preemption's save and a
-restore first wait for it; an error it met is raised there, as the ConfigError a synchronous save raises.
+One write is in flight at a time: the next save, the end of training (``release``), a preemption's save and a
+restore first wait for it; an error it met is raised there, as the ConfigError a synchronous save raises. The end
+of training stops the writer process and reaps it.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-import tempfile
+import os
+import socket
+import subprocess
+import sys
 import threading
 import time
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
@@ -31,25 +34,14 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from llmfoundry.core import dist
+from llmfoundry.core.errors import ConfigError
+from llmfoundry.train import checkpoint_writer as wire
 from llmfoundry.train.checkpoint import Snapshot
 
 log = logging.getLogger(__name__)
-
-
-class TokenizerFiles:
-    """A tokenizer's saved files held in memory: written from the writer thread without touching the tokenizer
-    object, which the loop may use meanwhile (a fast tokenizer is not safe to use from two threads)."""
-
-    def __init__(self, tokenizer: Any):
-        with tempfile.TemporaryDirectory() as tmp:
-            tokenizer.save_pretrained(tmp)
-            self.files = {p.relative_to(tmp).as_posix(): p.read_bytes() for p in Path(tmp).rglob("*") if p.is_file()}
-
-    def save_pretrained(self, folder: str) -> None:
-        for rel, data in self.files.items():
-            path = Path(folder) / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
+TokenizerFiles = wire.TokenizerFiles
+STOP_TIMEOUT_S = 60.0  # the writer answers "stop" between writes at once; this only bounds a wedged one
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
@@ -60,104 +52,141 @@ def _parameter_storages(model: torch.nn.Module) -> set[int]:
     return {_local(p).untyped_storage().data_ptr() for p in model.parameters()}
 
 
-class _Slot(int):
-    """Where the i-th tensor goes back into a state's structure."""
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
 
 
-class _Skeleton:
-    def __init__(self, tree: Any, model_slots: set[int]):
-        self.tree = tree
-        self.model_slots = model_slots  # tensors of the model state (parameters or buffers)
+class WriterProcess:
+    """This rank's writer process (collective to start: rank 0 chooses where the writers' gloo store listens)."""
+
+    def __init__(self, timeout_s: float = 1800.0):
+        store = None
+        if dist.world_size() > 1:  # rank 0's writer hosts the store, on rank 0's host, as torch's DCP process does
+            host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+            store = dist.broadcast_object((host, _free_port()) if dist.rank() == 0 else None)
+        self.sock, theirs = socket.socketpair()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH"))
+                                                           if p),
+               "OMP_NUM_THREADS": "1"}  # hashing and writing need no thread pool; the cores are training's
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "llmfoundry.train.checkpoint_writer", str(theirs.fileno()), str(os.getpid())],
+            pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL)
+        theirs.close()
+        wire.send_message(self.sock, {"rank": dist.rank(), "world_size": dist.world_size(), "store": store,
+                                      "timeout_s": timeout_s})
+        # a run that ends without release() (an error in the loop) still stops it when this object goes
+        self._finalizer = weakref.finalize(self, _stop, self.process, self.sock)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def request(self, message: dict, fd: int | None) -> tuple:
+        """Send one write (and the region's descriptor when it is new) and wait for its answer (courier thread)."""
+        wire.send_message(self.sock, message)
+        if fd is not None:
+            socket.send_fds(self.sock, [b"R"], [fd])
+        try:
+            return wire.receive_message(self.sock)
+        except (EOFError, OSError):
+            code = self.process.wait()
+            return ("error", f"the checkpoint writer process exited (code {code})", None)
+
+    def stop(self) -> None:
+        self._finalizer()
 
 
-def _split(state: dict[str, Any]) -> tuple[_Skeleton, list[torch.Tensor]]:
-    """``state`` with every tensor replaced by a :class:`_Slot` and other values copied, and the tensors."""
-    tensors: list[torch.Tensor] = []
-
-    def walk(value: Any) -> Any:
-        if isinstance(value, torch.Tensor):
-            tensors.append(value)
-            return _Slot(len(tensors) - 1)
-        if isinstance(value, dict):
-            return {k: walk(v) for k, v in value.items()}
-        if type(value) in (list, tuple):
-            return type(value)(walk(v) for v in value)
-        return copy.deepcopy(value)
-
-    model = walk(state["state"]["model"])
-    model_slots = set(range(len(tensors)))
-    tree = {"state": {"model": model, **{k: walk(v) for k, v in state["state"].items() if k != "model"}},
-            "full": walk(state["full"])}
-    return _Skeleton(tree, model_slots), tensors
+def _stop(process: subprocess.Popen, sock: socket.socket) -> None:
+    try:
+        wire.send_message(sock, {"op": "stop"})
+    except OSError:
+        pass  # already gone
+    try:
+        process.wait(STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    sock.close()
 
 
-def _fill(tree: Any, tensors: dict[int, torch.Tensor]) -> Any:
-    if isinstance(tree, _Slot):
-        return tensors[int(tree)]
-    if isinstance(tree, dict):
-        return {k: _fill(v, tensors) for k, v in tree.items()}
-    if type(tree) in (list, tuple):
-        return type(tree)(_fill(v, tensors) for v in tree)
-    return tree
-
-
-class HostCopies:
-    """Copies of tensors in host memory, one buffer per slot kept from one save to the next (pinned when CUDA is
-    used, so that the copies from the GPU run asynchronously, on a stream of their own)."""
+class StagingArea:
+    """The shared region and where each tensor of a snapshot lies in it; kept from one save to the next while the
+    state's tensors keep their shapes (pinned once on a GPU)."""
 
     def __init__(self):
-        self.pin = torch.cuda.is_available()
-        self.buffers: dict[int, torch.Tensor] = {}
+        self.region: wire.SharedRegion | None = None
+        self.offsets: list[int] = []
+        self.sent = False  # the writer has this region's descriptor
 
-    def copy(self, slot: int, tensor: torch.Tensor, keep: bool = True) -> torch.Tensor:
+    def place(self, tensors: list[torch.Tensor]) -> list[int]:
+        offsets = wire.layout([_local(t) for t in tensors])
+        if self.region is None or offsets != self.offsets:
+            self.close()
+            self.region, self.offsets, self.sent = wire.SharedRegion(offsets[-1]), offsets, False
+            if torch.cuda.is_available():
+                self.region.pin()
+        return offsets
+
+    def copy(self, offset: int, tensor: torch.Tensor) -> torch.Tensor:
         local = _local(tensor).detach()
-        buffer = self.buffers.get(slot) if keep else None
-        if buffer is None or buffer.shape != local.shape or buffer.dtype != local.dtype:
-            buffer = torch.empty(local.shape, dtype=local.dtype, device="cpu", pin_memory=self.pin and local.is_cuda)
-            if keep:
-                self.buffers[slot] = buffer
-        buffer.copy_(local, non_blocking=buffer.is_pinned())
-        if isinstance(tensor, DTensor):  # the same shard of the same global tensor, in host memory
-            return DTensor.from_local(buffer, tensor.device_mesh, tensor.placements, run_check=False,
-                                      shape=tensor.shape, stride=tensor.stride())
+        buffer = self.region.view(offset, local.dtype, tuple(local.shape))
+        buffer.copy_(local, non_blocking=self.region.pinned and local.is_cuda)
         return buffer
+
+    def close(self) -> None:
+        if self.region is not None:
+            self.region.close()
+        self.region, self.offsets, self.sent = None, [], False
 
 
 class AsyncSaver:
-    """This rank's snapshots in host memory and its one background write."""
+    """This rank's snapshots in shared memory and its writer process, with one write in flight."""
 
     def __init__(self):
-        # Every rank makes it at the same point (Checkpointer's construction), as new_group requires.
-        self.group = torch.distributed.new_group(backend="gloo") if dist.world_size() > 1 else None
-        self._copies = HostCopies()
+        # Every rank makes it at the same point (Checkpointer's construction): starting the writer is collective,
+        # and started now it is ready by the first save.
+        self.writer: WriterProcess | None = WriterProcess()
+        self._area = StagingArea()
         self._executor: ThreadPoolExecutor | None = None  # copies the parameters and optimizer state
         self._stream = torch.cuda.Stream() if torch.cuda.is_available() else None
         self._staging: Future | None = None  # the copy the next optimizer step waits for
         self._hooked: set[int] = set()
         self._tokenizer: tuple[Any, TokenizerFiles] | None = None
+        self._pending: dict | None = None  # the snapshot's layout, sent to the writer by start()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self.blocked_s = 0.0  # time optimizer steps waited for a copy (the benchmark adds it to the stall)
 
     def snapshot(self, live: Snapshot, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
                  ) -> Callable[[], Snapshot]:
-        """Start copying ``live`` to host memory; returns the function that gives the copy once it is complete
-        (called by the writer thread). The parameters and optimizer state are copied before the next step of
-        ``optimizer`` changes them; without an optimizer, before this returns."""
+        """Start copying ``live`` to shared memory; returns the function that gives the copy (views of that memory)
+        once it is complete. The parameters and optimizer state are copied before the next step of ``optimizer``
+        changes them; without an optimizer, before this returns."""
+        if self.writer is None:  # released at the end of a previous fit (collective, as every save is)
+            self.writer = WriterProcess()
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-copy")
         if self._stream is not None:  # the copy stream must see this step's parameters: queued kernels first
             torch.cuda.current_stream().synchronize()
         params = _parameter_storages(model)
-        skeleton, tensors = _split({"state": live.state, "full": live.full})
+        tensors: list[torch.Tensor] = []
+        model_tree = wire.split(live.state["model"], tensors)
+        model_slots = len(tensors)
+        tree = {"state": {"model": model_tree, **{k: wire.split(v, tensors) for k, v in live.state.items()
+                                                  if k != "model"}}, "full": wire.split(live.full, tensors)}
+        offsets = self._area.place(tensors)
         later = {i for i, t in enumerate(tensors) if _local(t).untyped_storage().data_ptr() in params
-                 or i not in skeleton.model_slots}  # optimizer state too: only an optimizer step changes it
-        now = {i: self._copies.copy(i, t, keep=False) for i, t in enumerate(tensors) if i not in later}
+                 or i >= model_slots}  # optimizer state too: only an optimizer step changes it
+        now = {i: self._area.copy(offsets[i], t) for i, t in enumerate(tensors) if i not in later}
         if self._stream is not None:
             torch.cuda.current_stream().synchronize()
-        future = self._executor.submit(self._copy_later, {i: tensors[i] for i in sorted(later)})
+        future = self._executor.submit(self._copy_later, {i: (offsets[i], tensors[i]) for i in sorted(later)})
         self._staging = future
         small = copy.deepcopy(live.small)
+        self._pending = {"tree": tree, "small": small,
+                         "slots": {i: wire.describe(t, offsets[i]) for i, t in enumerate(tensors)}}
         if optimizer is None:
             self.wait_for_copy()
         elif id(optimizer) not in self._hooked:
@@ -165,16 +194,16 @@ class AsyncSaver:
             self._hooked.add(id(optimizer))
 
         def result() -> Snapshot:
-            copied = _fill(skeleton.tree, {**now, **future.result()})
+            copied = wire.fill(tree, {**now, **future.result()})
             return Snapshot(copied["state"], small, copied["full"])
 
         return result
 
-    def _copy_later(self, tensors: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+    def _copy_later(self, tensors: dict[int, tuple[int, torch.Tensor]]) -> dict[int, torch.Tensor]:
         if self._stream is None:
-            return {i: self._copies.copy(i, t) for i, t in tensors.items()}
+            return {i: self._area.copy(offset, t) for i, (offset, t) in tensors.items()}
         with torch.cuda.stream(self._stream):
-            copies = {i: self._copies.copy(i, t) for i, t in tensors.items()}
+            copies = {i: self._area.copy(offset, t) for i, (offset, t) in tensors.items()}
         self._stream.synchronize()
         return copies
 
@@ -196,17 +225,34 @@ class AsyncSaver:
             self._tokenizer = (tokenizer, TokenizerFiles(tokenizer))
         return self._tokenizer[1]
 
-    def start(self, write: Callable[[], Any]) -> None:
-        """Run ``write`` in the background (after :meth:`wait`: one write at a time)."""
+    def start(self, job: dict, written: Callable[[str | None, str | None], Any] | None = None) -> None:
+        """Have the writer write the newest snapshot as ``job`` (name, folder, remote, overwrite, keep, config,
+        tokenizer) once its copy is complete; ``written(staged, attempt)`` is called after it succeeded (an
+        object store's write: the staged folder and the upload's attempt id). One write at a time."""
         if self._thread is not None:
             raise RuntimeError("a checkpoint write is still in flight (call wait() first)")
-        self._thread = threading.Thread(target=self._run, args=(write,), name=f"checkpoint-write-rank{dist.rank()}",
-                                        daemon=True)  # a crashed run exits; its .partial folder is never read
+        message, self._pending = {"op": "write", "job": job, **self._pending}, None
+        fd = None
+        if not self._area.sent:
+            message["region"], fd, self._area.sent = self._area.region.size, self._area.region.fd, True
+        copying, writer = self._staging, self.writer
+        self._thread = threading.Thread(target=self._run, args=(writer, copying, message, fd, written),
+                                        name=f"checkpoint-courier-rank{dist.rank()}", daemon=True)
         self._thread.start()
 
-    def _run(self, write: Callable[[], Any]) -> None:
+    def _run(self, writer: WriterProcess, copying: Future | None, message: dict, fd: int | None, written) -> None:
         try:
-            write()
+            if copying is not None:
+                copying.result()  # the writer reads the region only once the copy is complete
+            status, detail, attempt = writer.request(message, fd)
+            if status == "config":
+                raise ConfigError(detail)
+            if status != "ok":
+                raise ConfigError(f"save_folder: could not write checkpoint '{message['job']['name']}' "
+                                  f"({detail}); the checkpoints saved before it are intact: fix the cause and run "
+                                  "again to resume from the newest")
+            if written is not None:
+                written(detail, attempt)
         except BaseException as error:  # noqa: BLE001 - kept for the loop's thread, which raises it
             log.error("background checkpoint write failed: %s", error)
             self._error = error
@@ -215,21 +261,31 @@ class AsyncSaver:
         return self._thread is not None and self._thread.is_alive()
 
     def wait(self) -> None:
-        """Block until the write in flight (if any) is done; raise the error it met."""
+        """Block until the write in flight (if any) is done; raise the error it met (after stopping the writer and
+        the copy thread, which a later save starts again: the error ends training, which must leave nothing
+        running)."""
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-            self._staging = None  # the writer waited for the copy first
+            self._staging = None  # the courier waited for the copy first
         if self._error is not None:
             error, self._error = self._error, None
+            self._shut_down()
             raise error
 
+    def _shut_down(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+        if self.writer is not None:
+            self.writer.stop()
+            self.writer = None
+        self._area.close()
+
     def release(self) -> None:
-        """Wait, then free the host copy (the end of training); a later save makes a new one."""
+        """Wait, then stop and reap the writer and free the shared memory (the end of training); a later save
+        starts them again."""
         try:
             self.wait()
         finally:
-            if self._executor is not None:
-                self._executor.shutdown(wait=True)
-                self._executor = None
-            self._copies = HostCopies()
+            self._shut_down()

@@ -33,13 +33,14 @@ class Checkpointer:
     Local: train.checkpoint's atomic rename and ``latest``. S3: the checkpoint is written to a local staging
     folder and uploaded by this rank's background :class:`~llmfoundry.train.uploads.Uploader`; training goes on
     meanwhile, and the checkpoint becomes ``latest`` only once every rank's files are up. With
-    ``save_async`` both are done by a background thread (train.async_save) from a copy in host memory.
+    ``save_async`` the write is done by a writer process (train.async_save) from a copy in shared host memory, and
+    the upload starts once it is written.
     """
 
     def __init__(self, save_folder: str | None, upload_cfg=None, *, keep: int = -1, overwrite: bool = False,
                  save_async: bool = False):
         self.save_folder = save_folder
-        # save_async: the loop waits only for a host copy; train.async_save writes it in a thread
+        # save_async: the loop waits only for a copy in shared memory; train.async_save's writer process writes it
         self.background = AsyncSaver() if save_async and save_folder else None
         self.keep = keep
         self.overwrite = overwrite
@@ -61,25 +62,30 @@ class Checkpointer:
         returns where it is (or will be, once written in the background or uploaded)."""
         where = f"{self.save_folder.rstrip('/')}/{name}" if self.remote else str(Path(self.save_folder) / name)
         if self.background is None:
-            self._write(name, take_snapshot(components, **options), config, tokenizer, group=None)
+            self._write(name, take_snapshot(components, **options), config, tokenizer)
             return where
         self.wait()  # one write in flight; its error (a ConfigError) is raised here
         optimizer = components["optimizer"].state.optimizer if "optimizer" in components else None
-        copied = self.background.snapshot(take_snapshot(components, **options), components["model"].state.model,
-                                          optimizer)
-        files = self.background.tokenizer_files(tokenizer)
-        self.background.start(lambda: self._write(name, copied(), config, files, group=self.background.group))
+        self.background.snapshot(take_snapshot(components, **options), components["model"].state.model, optimizer)
+        job = dict(name=name, folder=str(self.staging if self.remote else self.save_folder), remote=self.remote,
+                   overwrite=self.overwrite, keep=self.keep, config=config,
+                   tokenizer=self.background.tokenizer_files(tokenizer))
+        upload = None
+        if self.remote:  # the writer staged the files; this rank's uploader (a thread of this process) sends them
+            def upload(staged, attempt):
+                self.uploader.submit(uploads.UploadJob(name, Path(staged), dist.world_size(), self.keep, attempt))
+        self.background.start(job, upload)
         return where
 
-    def _write(self, name: str, snapshot: Snapshot, config: dict, tokenizer, group) -> None:
-        """Write (and for s3://, hand to the uploader) one snapshot; collective over ``group``."""
+    def _write(self, name: str, snapshot: Snapshot, config: dict, tokenizer) -> None:
+        """Write (and for s3://, hand to the uploader) one snapshot; collective."""
         if not self.remote:
             write_snapshot(self.save_folder, name, snapshot, config=config, tokenizer=tokenizer,
-                           overwrite=self.overwrite, keep=self.keep, group=group)
+                           overwrite=self.overwrite, keep=self.keep)
             return
         staged = write_snapshot(self.staging, name, snapshot, config=config, tokenizer=tokenizer, overwrite=True,
-                                publish=False, group=group)
-        attempt = gather_object(uuid.uuid4().hex[:12] if dist.rank() == 0 else None, group)[0]
+                                publish=False)
+        attempt = gather_object(uuid.uuid4().hex[:12] if dist.rank() == 0 else None)[0]
         self.uploader.submit(uploads.UploadJob(name, staged, dist.world_size(), self.keep, attempt))
 
     def wait(self) -> None:

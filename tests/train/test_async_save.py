@@ -1,7 +1,11 @@
 """save_async: checkpoints written in the background hold the state of their step, resume bitwise, and their
-failures are raised, never lost."""
+failures are raised, never lost. The write runs in a process of its own, stopped and reaped at the end."""
 
 from __future__ import annotations
+
+import os
+import signal
+import threading
 
 import pytest
 import torch
@@ -87,4 +91,71 @@ def test_the_optimizer_step_after_a_save_waits_for_the_copy_of_the_state():
     assert all(torch.equal(snapshot.state["model"][k], before[k]) for k in before)
     assert not torch.equal(model[0].weight, before["0.weight"])
     assert int(snapshot.state["optimizer"]["state"]["0.weight"]["step"]) == 1
+    writer = saver.writer.process
+    saver.release()
+    assert writer.returncode == 0  # stopped and reaped
+
+
+def _background_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("checkpoint-")]
+
+
+def test_async_saves_are_written_by_a_process_of_their_own_which_the_end_of_training_reaps(recipe, tmp_path,
+                                                                                            monkeypatch):
+    from llmfoundry.train import checkpoint, checkpointer
+
+    def not_here(*args, **kwargs):
+        raise AssertionError("save_async wrote a checkpoint in the training process")
+
+    # a write in this process (the writer thread of before) fails; the writer process has its own, unpatched copy
+    monkeypatch.setattr(checkpoint, "write_snapshot", not_here)
+    monkeypatch.setattr(checkpointer, "write_snapshot", not_here)
+    trainer = make_trainer(recipe(eval_loader=None, max_duration="6ba", save_folder=str(tmp_path / "run"),
+                                  save_interval="2ba", save_async=True))
+    writer = trainer.checkpointer.background.writer.process
+    assert writer.pid != os.getpid() and writer.poll() is None
+    trainer.fit()
+    assert (tmp_path / "run" / "latest").read_text().strip() == "ep0-ba6"
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path / "run")] == ["ep0-ba2", "ep0-ba4", "ep0-ba6"]
+    assert writer.returncode == 0  # stopped and reaped by the end of training: no process left behind
+    assert trainer.checkpointer.background.writer is None
+    assert _background_threads() == []  # neither the copy thread nor the courier outlives training
+
+
+def test_a_writer_process_killed_mid_write_is_a_one_line_error_and_leaves_latest_alone(recipe, tmp_path):
+    folder = tmp_path / "run"
+    trainer = make_trainer(recipe(eval_loader=None, max_duration="6ba", save_folder=str(folder), save_interval="2ba",
+                                  save_async=True))
+    save, killed = trainer.save, []
+
+    def save_then_kill_the_writer():
+        if trainer.time.batch == 4:  # ep0-ba2 is complete; the writer stops before ep0-ba4 and is killed
+            trainer.checkpointer.wait()
+            writer = trainer.checkpointer.background.writer.process
+            os.kill(writer.pid, signal.SIGSTOP)
+            path = save()
+            os.kill(writer.pid, signal.SIGKILL)
+            killed.append(writer)
+            return path
+        return save()
+
+    trainer.save = save_then_kill_the_writer
+    with pytest.raises(ConfigError) as raised:
+        trainer.fit()
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith("save_folder: could not write checkpoint 'ep0-ba4' (the checkpoint writer process "
+                              f"exited (code {-signal.SIGKILL}))"), message
+    assert trainer.time.batch == 6  # raised by the next save, as a failed write always is
+    assert killed[0].returncode == -signal.SIGKILL  # reaped
+    assert (folder / "latest").read_text().strip() == "ep0-ba2"
+    assert [p.name for p in checkpoint_list(folder)] == ["ep0-ba2"]  # at most a .partial folder of ep0-ba4
+    assert trainer.checkpointer.background.writer is None  # stopped after the error
+    assert _background_threads() == []
+
+
+def checkpoint_list(folder):
+    from llmfoundry.train.checkpoint import list_checkpoints
+
+    return list_checkpoints(folder)
 
