@@ -91,7 +91,10 @@ class LanguageMetrics:
         """``{prefix}/{Name}`` for every metric (sums over every rank; a collective call when distributed)."""
         if not self.names:
             return {}
-        loss, tokens, correct = (float(v) for v in dist.all_reduce_sum(self.sums.clone()))
+        return self.values(prefix, *(float(v) for v in dist.all_reduce_sum(self.sums.clone())))
+
+    def values(self, prefix: str, loss: float, tokens: float, correct: float) -> dict[str, float]:
+        """The metrics from sums already reduced over ranks (the trainer reads them at log intervals)."""
         tokens = max(tokens, 1.0)
         cross_entropy = loss / tokens
         values = {

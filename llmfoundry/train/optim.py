@@ -66,14 +66,50 @@ def build_decoupled_adamw(settings: DecoupledAdamSettings, model: nn.Module) -> 
         lr = group.get("lr", settings.lr)
         wd = group.get("weight_decay", settings.weight_decay)
         group["weight_decay"] = wd / lr if lr > 0 else 0.0
-    return torch.optim.AdamW(groups, lr=settings.lr, betas=tuple(settings.betas), eps=settings.eps,
-                             amsgrad=getattr(settings, "amsgrad", False))
+    return _adamw(groups, lr=settings.lr, betas=tuple(settings.betas), eps=settings.eps,
+                  amsgrad=getattr(settings, "amsgrad", False))
 
 
 def build_adamw(settings: TorchAdamSettings, model: nn.Module) -> torch.optim.Optimizer:
     groups = _param_groups(settings, model, "optimizer")
-    return torch.optim.AdamW(groups, lr=settings.lr, betas=tuple(settings.betas), eps=settings.eps,
-                             weight_decay=settings.weight_decay, amsgrad=getattr(settings, "amsgrad", False))
+    return _adamw(groups, lr=settings.lr, betas=tuple(settings.betas), eps=settings.eps,
+                  weight_decay=settings.weight_decay, amsgrad=getattr(settings, "amsgrad", False))
+
+
+FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)  # what torch's fused AdamW takes
+
+
+def adamw_kernel(params: list[torch.Tensor]) -> bool | None:
+    """torch AdamW's ``fused`` option for these parameters: True (one kernel per device and dtype, no per-tensor
+    launches) when every one is a floating CUDA tensor (an FSDP2 shard included); otherwise None, torch's default:
+    foreach on CUDA, the per-tensor loop on CPU, which keeps CPU results bitwise as they were.
+
+    Fused AdamW computes the same update (decay by lr * weight_decay first, then Adam's step) but rounds in other
+    places, so its parameters may differ from foreach's in the last bits (about 1 ulp per step, growing over a run).
+    """
+    if params and all(p.device.type == "cuda" and p.dtype in FUSED_DTYPES for p in params):
+        return True
+    return None
+
+
+def _adamw(groups: list[dict], **options) -> torch.optim.Optimizer:
+    params = [p for group in groups for p in group["params"]]
+    optimizer = torch.optim.AdamW(groups, fused=adamw_kernel(params), **options)
+    optimizer.register_load_state_dict_post_hook(_keep_kernel)
+    return optimizer
+
+
+def _keep_kernel(optimizer: torch.optim.Optimizer) -> None:
+    """A checkpoint's parameter groups carry the kernel it was written with (fused on a GPU, not on a CPU): keep the
+    one chosen for where the parameters are now, with the step counts where that kernel reads them (fused: on the
+    parameter's device; otherwise on the CPU, where reading them needs no device sync)."""
+    fused = adamw_kernel([p for group in optimizer.param_groups for p in group["params"]])
+    for group in optimizer.param_groups:
+        group["fused"], group["foreach"] = fused, None
+        for p in group["params"]:
+            step = optimizer.state.get(p, {}).get("step")
+            if isinstance(step, torch.Tensor) and not group.get("capturable", False):
+                optimizer.state[p]["step"] = step.to(p.device if fused else "cpu")
 
 
 def _lion_update(p, grad, exp_avg, lr: float, initial_lr: float, wd: float, beta1: float, beta2: float) -> None:

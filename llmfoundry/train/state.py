@@ -2,8 +2,8 @@
 
 ``TrainState`` is what every callback hook receives (the trainer's, and ``llmfoundry eval``'s for its eval hooks).
 A callback reads its fields and changes the run only through its methods: ``request_stop``, ``print``, ``save``,
-``save_now``, ``finish_uploads`` and ``restore``. The trainer owns the object, advances ``time``, sets ``batch`` and
-``metrics`` at every step, and answers the requests through the :class:`RunServices` it passes in.
+``save_now``, ``finish_uploads``, ``restore`` and ``flush_metrics``. The trainer owns the object, advances ``time``,
+sets ``batch`` and ``metrics`` at every step, and answers the requests through the :class:`RunServices` it passes in.
 """
 
 from __future__ import annotations
@@ -64,6 +64,9 @@ class RunServices(Protocol):
     def restore(self, load_path: str, weights_only: bool, strict: bool, ignore_keys: list[str] | None) -> None:
         """Load a checkpoint (ours or Composer's; a local path or a URL) into the run."""
 
+    def flush_metrics(self) -> None:
+        """Hand the loggers the metrics of the batches since the last log interval now."""
+
 
 @dataclass(kw_only=True, eq=False)
 class TrainState:
@@ -91,7 +94,9 @@ class TrainState:
     # -- what changes as it runs --
     time: TrainTime = field(default_factory=TrainTime)  # advanced by the trainer after each optimizer step
     batch: dict[str, torch.Tensor] | None = None  # the device batch being trained on
-    metrics: dict[str, float] = field(default_factory=dict)  # the step's metrics so far (what the hooks extend)
+    # the step's metrics so far (what the hooks extend): device tensors and train.step_metrics.Derived values stay
+    # unread until a log interval; float(value) reads one now (a device sync: only where a callback must decide)
+    metrics: dict[str, Any] = field(default_factory=dict)
     restored_from: str | None = None  # the checkpoint the run started from
     _services: RunServices | None = field(default=None, repr=False)  # the trainer; callbacks use the methods
     _end: int = field(default=0, repr=False)
@@ -140,6 +145,12 @@ class TrainState:
     def restore(self, load_path: str, weights_only: bool = False, strict: bool = True,
                 ignore_keys: list[str] | None = None) -> None:
         self._run().restore(load_path, weights_only, strict, ignore_keys)
+
+    def flush_metrics(self) -> None:
+        """Log the metrics of the batches since the last log interval now (before logging something else at this
+        step, e.g. a table, so that loggers see steps in order); nothing to do outside training."""
+        if self._services is not None:
+            self._services.flush_metrics()
 
     def _run(self) -> RunServices:
         if self._services is None:

@@ -9,7 +9,6 @@ summed per microbatch and divided by the target tokens of the whole global batch
 from __future__ import annotations
 
 import logging
-import math
 import sys
 from typing import Any
 
@@ -22,7 +21,6 @@ from llmfoundry.core import dist, precision
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.core.notices import notice_once
 from llmfoundry.core.timeunits import Time, estimated_last_batch, interval_due
-from llmfoundry.data.batches import count_batch_tokens
 from llmfoundry.data.prep.quickstart import prepare
 from llmfoundry.data.text import check_token_ids
 from llmfoundry.eval.loaders import evaluate_loader, model_inputs
@@ -30,7 +28,7 @@ from llmfoundry.eval.sections import eval_sections
 from llmfoundry.models.interface import label_offset
 from llmfoundry.models.loss import TokenLoss, aux_loss_sum
 from llmfoundry.models.metrics import LanguageMetrics, eval_metric_names, train_metric_names
-from llmfoundry.train import checkpoint, checkpointer, compat, composer_checkpoint, parallel, preemption
+from llmfoundry.train import checkpoint, checkpointer, compat, composer_checkpoint, parallel, preemption, step_metrics
 from llmfoundry.train.builders import (
     build_dataloader,
     build_model,
@@ -94,7 +92,7 @@ class Trainer:
         self.parallel_model = parallel.parallelize(
             self.model, fsdp=cfg.fsdp_config, compile_cfg=cfg.compile_config, precision=cfg.precision,
             device=self.device, world_size=world, seed=cfg.seed, tp=self.tp)
-        # every token id of a batch must be below it (see _check_token_ids)
+        # every token id of a batch must be below it (check_token_ids: a data/model mismatch, not an IndexError)
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
         self.loss = TokenLoss(label_offset(self.model))  # offset 0: an encoder-decoder model's labels are not shifted
         self.optimizer = build_optimizer(cfg.optimizer, self.model)
@@ -104,11 +102,15 @@ class Trainer:
         if cfg.profiler is not None:
             self.callbacks.append(TorchProfiler(cfg.profiler, self.run_name))
         self.loggers = build_named(registry.loggers, cfg.loggers, self.run_name) if self.dist.is_main else []
+        self.metrics_log = step_metrics.MetricsLog(self.loggers)  # batches' metrics until the next log interval
         self.checkpointer = checkpointer.Checkpointer(cfg.save_folder, cfg.checkpoint_upload,
                                                     keep=cfg.save_num_checkpoints_to_keep,
                                                     overwrite=cfg.save_overwrite, save_async=cfg.save_async)
+        # its votes are summed over ranks on the host when gloo can (one process, or a CPU run): no device sync
+        vote_device = self.device if self.dist.world_size > 1 and self.device.type != "cpu" else torch.device("cpu")
         self.preemption = preemption.Preemption(  # stop cleanly when asked to
-            cfg.preemption_signal, cfg.preemption_check_interval, cfg.exit_before_walltime, self.device)
+            cfg.preemption_signal, cfg.preemption_check_interval, cfg.exit_before_walltime, vote_device)
+        step_metrics.host_group()  # every rank together: the gloo group of host sums (a token count per batch)
 
         self.train_loader = build_dataloader(cfg.train_loader, self.tokenizer, self.device_batch_size, "train_loader",
                                          self.data_share)
@@ -214,28 +216,51 @@ class Trainer:
         self._estimate_end()  # a resumed run: from the counts it trained
         bar = tqdm(total=self.max_batches, initial=self.time.batch, unit="ba", desc="train", dynamic_ncols=True,
                    disable=not (cfg.progress_bar and self.dist.is_main and sys.stderr.isatty()))
-        last_metrics: dict[str, float] = {}
         last_eval_batch = -1
         if self.time.batch > 0:  # resumed: the checkpoint it started from is this batch's
             self.saved_batch = max(self.saved_batch, self.time.batch)
         if cfg.eval_first and self.time.batch == 0 and self.can_evaluate:
-            last_metrics.update(self.evaluate())
+            self.evaluate()
             last_eval_batch = 0
         self.preemption.install()  # signal handlers for the loop (main thread only); put back after it
+        with self.metrics_log.flushed_on_error():  # the batches trained before an error are logged, as they were
+            last_eval_batch = self._train_loop(bar, last_eval_batch)
+        bar.close()
+        self.preemption.uninstall()
+        self.flush_metrics()
+        last_metrics = dict(self.metrics_log.last)  # every key's newest value, eval_first's included
+        if self.can_evaluate and self.intervals.periodic_eval and last_eval_batch != self.time.batch:
+            last_metrics.update(self.evaluate())
+        if cfg.save_folder and self.saved_batch != self.time.batch:
+            self.save()
+        uploaded = self.finish_uploads()
+        for cb in self.callbacks:
+            cb.on_fit_end(self.state)
+        self._summary()
+        for logger in self.loggers:
+            logger.close()
+        if not uploaded:  # after the loggers closed: what was trained is logged; the newest upload is not usable
+            raise TrainingStopped(self.checkpointer.upload_failure())
+        return last_metrics
+
+    def _train_loop(self, bar, last_eval_batch: int) -> int:
+        """Batches until max_duration (or a stop request); returns the batch of the last evaluation."""
+        cfg = self.cfg
         while self.time.batch < self.max_batches:
             progressed = False
             for device_batch in self.train_loader:
                 progressed = True
                 metrics = self.train_step(device_batch)
                 bar.update(1)
-                bar.set_postfix(loss=f"{metrics['loss/train/total']:.4f}")
                 step = self.time.batch
                 if self.can_evaluate and self.intervals.periodic_eval and self._due_eval():
                     metrics.update(self.evaluate(log=False))
                     last_eval_batch = step
-                self._log(metrics, console=self._due(self.intervals.log_every, self.intervals.log_counted)
-                          or step == self.max_batches)
-                last_metrics.update(metrics)
+                # the metrics stay tensors until a log interval (step_metrics): then read, logged and printed
+                logged = self._log(metrics, console=self._due(self.intervals.log_every, self.intervals.log_counted)
+                                   or step == self.max_batches)
+                if logged is not None and "loss/train/total" in logged:
+                    bar.set_postfix(loss=f"{logged['loss/train/total']:.4f}")
                 if self._due_save() and self.saved_batch != step:  # (a callback may have saved this batch)
                     self.save()
                 if (reason := self.preemption.should_stop(step)) is not None and step < self.max_batches:
@@ -251,24 +276,13 @@ class Trainer:
                 self.time.batch_in_epoch = 0
             if not progressed:
                 raise ConfigError("train_loader: yielded no batches (is the dataset smaller than one batch?)")
-        bar.close()
-        self.preemption.uninstall()
-        if self.can_evaluate and self.intervals.periodic_eval and last_eval_batch != self.time.batch:
-            last_metrics.update(self.evaluate())
-        if cfg.save_folder and self.saved_batch != self.time.batch:
-            self.save()
-        uploaded = self.finish_uploads()
-        for cb in self.callbacks:
-            cb.on_fit_end(self.state)
-        self._summary()
-        for logger in self.loggers:
-            logger.close()
-        if not uploaded:  # after the loggers closed: what was trained is logged; the newest upload is not usable
-            raise TrainingStopped(self.checkpointer.upload_failure())
-        return last_metrics
+        return last_eval_batch
 
-    def train_step(self, device_batch: dict[str, torch.Tensor]) -> dict[str, float]:
-        self._check_token_ids(device_batch)  # on the loader's CPU tensors: no device sync
+    def train_step(self, device_batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """One optimizer step on a device batch. Its metrics are device tensors (or step_metrics.Derived) until
+        a log interval reads them: ``float(value)`` reads one at once (a device sync)."""
+        check_token_ids(device_batch, self.vocab_size)  # on the loader's CPU tensors: no device sync
+        local_tokens = step_metrics.host_token_count(device_batch)  # the same: counted before the copy
         device_batch = {k: v.to(self.device, non_blocking=True) for k, v in device_batch.items()}
         self.state.batch = device_batch
         self.state.metrics = metrics = {}
@@ -279,7 +293,7 @@ class Trainer:
         targets = dist.all_reduce_sum(self.loss.targets(device_batch["labels"]).float())
         if not self.cfg.accumulate_train_batch_on_tokens:  # Composer's per-sample rule: normalise by samples
             # (every rank's samples, a TP group's counted once per rank: it cancels with the world-size scaling)
-            targets = targets.new_tensor(float(num_samples * self.dist.world_size))
+            targets = torch.full((), float(num_samples * self.dist.world_size), device=targets.device)
         while True:
             self.train_metrics.reset()
             try:
@@ -302,12 +316,11 @@ class Trainer:
             torch.cuda.empty_cache()
             self.microbatch_size = max(1, self.microbatch_size // 2)
             log.warning("out of memory: device_train_microbatch_size is now %d", self.microbatch_size)
-        loss = float(dist.all_reduce_sum(loss_sum) / targets.clamp(min=1))
+        loss = dist.all_reduce_sum(loss_sum) / targets.clamp(min=1)
         # an MoE's weighted load-balancing loss, logged as llm-foundry does (loss/train/lbl)
-        aux = float(dist.all_reduce_sum(aux) / targets.clamp(min=1)) if aux is not None else None
+        aux = dist.all_reduce_sum(aux) / targets.clamp(min=1) if aux is not None else None
 
-        skip = any(cb.should_skip_step(self.state, loss) for cb in self.callbacks)
-        if skip:
+        if step_metrics.should_skip(self.callbacks, self.state, loss):  # reads the loss only for a callback deciding
             self.optimizer.zero_grad(set_to_none=True)
             metrics["train/skipped_step"] = 1.0
             if self.scaler:
@@ -318,7 +331,7 @@ class Trainer:
             for algorithm in self.algorithms:
                 norm = algorithm.clip(self.parallel_model)
                 if norm is not None:
-                    metrics["grad_norm"] = float(norm)
+                    metrics["grad_norm"] = norm
             if self.scaler:
                 self.scaler.step(self.optimizer)
                 self.scaler.update()
@@ -335,14 +348,10 @@ class Trainer:
         self.time.batch += 1
         self.time.batch_in_epoch += 1
         self.time.sample += num_samples * self.data_share.size
-        self.time.token += int(dist.all_reduce_sum(count_batch_tokens(device_batch))) // self.data_share.replication
+        self.time.token += step_metrics.host_sum(local_tokens) // self.data_share.replication  # exact, no sync
         self._estimate_end()  # before the callbacks' on_batch_end, which may stop training here
-        if not math.isfinite(loss):
-            log.warning("non-finite training loss at batch %d", self.time.batch)
-        metrics["loss/train/total"] = loss
-        if aux is not None:
-            metrics["loss/train/loss"], metrics["loss/train/lbl"] = loss - aux, aux
-        metrics.update(self.train_metrics.compute("metrics/train"))
+        metrics.update(step_metrics.loss_metrics(loss, aux))  # a non-finite loss is warned of when it is read
+        metrics.update(step_metrics.train_metrics(self.train_metrics, "metrics/train"))
         metrics.update(self.time.as_metrics())
         metrics.update(self.checkpointer.metrics())
         for cb in self.callbacks:
@@ -387,10 +396,6 @@ class Trainer:
     def _model_inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return model_inputs(batch, self.model.supports_sequence_id)
 
-    def _check_token_ids(self, batch: dict[str, torch.Tensor]) -> None:
-        """A token id the embedding cannot look up is a data/model mismatch, not an IndexError deep in a kernel."""
-        check_token_ids(batch, self.vocab_size)
-
     @torch.no_grad()
     def evaluate(self, log: bool = True) -> dict[str, float]:
         """Loss and perplexity over the eval loader, then the ICL tasks and gauntlet, when configured."""
@@ -407,7 +412,7 @@ class Trainer:
         for cb in self.callbacks:
             cb.on_eval_end(self.state, metrics)
         if log:
-            self._log(metrics, console=False)
+            self._log(metrics, console=False, flush=True)
         return metrics
 
     def _eval_loss(self, prefix: str, loader) -> dict[str, float]:
@@ -445,6 +450,7 @@ class Trainer:
 
     # ----- checkpoints and logging -----
     def save(self) -> str:
+        self.flush_metrics()  # the loggers' steps stay in order: pending batches' metrics before the checkpoint
         name = checkpoint.checkpoint_name(self.time.epoch, self.time.batch)
         self.saved_batch = self.time.batch
         path = self.checkpointer.save(
@@ -458,13 +464,17 @@ class Trainer:
         self.checkpointer.when_written(lambda: [lg.log_checkpoint(str(path), epoch, batch) for lg in self.loggers])
         return path
 
-    def _log(self, metrics: dict[str, float], console: bool) -> None:
-        for logger in self.loggers:
-            logger.log_metrics(metrics, step=self.time.batch)
+    def _log(self, metrics: dict[str, Any], console: bool, flush: bool = False) -> dict[str, float] | None:
+        """Queue this batch's metrics; at a console interval (or ``flush``) log every queued batch and return this
+        one's values, read from the device in one transfer."""
+        values = self.metrics_log.log(self.time.batch, metrics, flush=console or flush)
         if console and self.cfg.log_to_console:
-            shown = {k: v for k, v in metrics.items() if not k.startswith("time/")}
-            text = ", ".join(f"{k}: {v:.4g}" for k, v in shown.items())
-            self.state.print(f"[batch {self.time.batch}/{self.max_batches}] {text}")
+            self.state.print(step_metrics.console_line(values, self.time.batch, self.max_batches))
+        return values
+
+    def flush_metrics(self) -> None:
+        """Log the queued batches' metrics now (RunServices: before a callback logs a table at this step)."""
+        self.metrics_log.flush()
 
     def save_now(self) -> None:
         """A just-in-time checkpoint (RunServices): unless this batch is saved anyway, at an interval or the end."""

@@ -42,7 +42,7 @@ class EarlyStopper(Callback):
         if name in metrics:
             self._update(state, float(metrics[name]))
         elif self.s.monitor in TRAIN_METRICS:
-            self._update(state, TRAIN_METRICS[self.s.monitor](metrics["loss/train/total"]))
+            self._update(state, TRAIN_METRICS[self.s.monitor](float(metrics["loss/train/total"])))  # a device sync
         else:
             shown = ", ".join(sorted(k for k in metrics if k.startswith("metrics/train/"))) or "none"
             raise ConfigError(f"{KEY}.monitor: no train metric '{name}' (logged: {shown}); monitor one of them or "

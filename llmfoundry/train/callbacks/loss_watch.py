@@ -45,7 +45,7 @@ class KillLossSpike(Callback):
         self.events: list[str] = []  # what was detected, in order (also logged)
 
     def on_batch_end(self, state: TrainState, metrics):
-        loss = metrics["loss/train/total"]
+        loss = float(metrics["loss/train/total"])  # read every batch (a device sync), only when this callback runs
         step = state.time.batch
         if len(self.window) == self.window_size:
             if not self.window_size_set:

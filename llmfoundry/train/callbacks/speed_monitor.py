@@ -16,11 +16,11 @@ from collections import deque
 
 import torch
 
-from llmfoundry.core import dist
 from llmfoundry.core.notices import notice_once
 from llmfoundry.train.callbacks.base import Callback
 from llmfoundry.train.callbacks.settings import SECONDS_PER_UNIT, SpeedMonitorSettings
 from llmfoundry.train.state import TrainState
+from llmfoundry.train.host_sums import host_sum
 
 # Dense peak FLOP/s per device family and trainer precision, as Composer's table has them (datasheets' sparse
 # figures halved). fp32 is plain fp32, not TF32.
@@ -121,13 +121,14 @@ class SpeedMonitor(Callback):
 
     def _batch_flops(self, state: TrainState) -> float:
         """Model FLOPs of this step's global batch: every rank's input_ids size times FLOPs per token (the ranks of a
-        tensor-parallel group compute one batch together: it counts once)."""
+        tensor-parallel group compute one batch together: it counts once). From shapes, summed over ranks on the
+        host: no device sync."""
         ids = state.batch["input_ids"]
         seq_len = ids.shape[1]
         if seq_len not in self.flops_per_token:
             self.flops_per_token[seq_len] = float(state.model.flops_per_token(seq_len))
-        local = torch.tensor(self.flops_per_token[seq_len] * ids.numel(), dtype=torch.float64, device=ids.device)
-        return float(dist.all_reduce_sum(local)) / state.data_share.replication
+        local = self.flops_per_token[seq_len] * ids.numel()
+        return host_sum(local, torch.float64) / state.data_share.replication
 
     def on_batch_end(self, state: TrainState, metrics):
         self.flops_so_far += self._batch_flops(state)  # a collective: every rank, every batch

@@ -14,6 +14,7 @@ from llmfoundry.core.notices import notice_once
 def log_table(state: Any, name: str, columns: list[str], rows: list[list[Any]], key: str) -> int:
     """Hand the table to every logger that records tables (rank 0 holds the loggers); returns how many took it."""
     taken = 0
+    state.flush_metrics()  # the batches' metrics queued since the last log interval go first: steps stay in order
     for logger in state.loggers:
         record = getattr(logger, "log_table", None)
         if callable(record):
