@@ -17,9 +17,10 @@ import torch
 import torch.nn.functional as F
 
 from llmfoundry.core.errors import ConfigError
+from llmfoundry.train.callbacks import cuda_memory
 from llmfoundry.train.callbacks.base import Callback
 from llmfoundry.train.callbacks.loss_perp_v_len import LossPerpVLen
-from llmfoundry.train.callbacks.settings import LossPerpVLenSettings
+from llmfoundry.train.callbacks.settings import LossPerpVLenSettings, MemorySnapshotSettings, OOMObserverSettings
 from llmfoundry.train.errors import TrainingStopped
 from tests.helpers import make_trainer
 
@@ -305,7 +306,56 @@ def test_memory_snapshot_writes_the_allocator_history_on_cuda(recipe, tmp_path):
     assert sorted(p.name.removeprefix("rank0_oom") for p in observer.written) == [
         "_memory_flamegraph.svg", "_segment_flamegraph.svg", "_segment_plot.html", "_snapshot.pickle",
         "_trace_plot.html"]
-    torch.cuda.memory._record_memory_history(None)
+    observer.stop()  # the history goes off with the last claim on it
+    assert cuda_memory.HISTORY.settings() is None
+
+
+def history_calls(monkeypatch) -> list:
+    """What the callbacks ask torch.cuda.memory._record_memory_history for, in order (HISTORY with a recorder)."""
+    calls = []
+    monkeypatch.setattr(cuda_memory, "HISTORY", cuda_memory.AllocatorHistory(
+        lambda enabled, **settings: calls.append(None if enabled is None else dict(settings, enabled=enabled))))
+    return calls
+
+
+def test_memory_snapshot_ending_its_window_leaves_oom_observers_history_on(monkeypatch):
+    # #30: memory_snapshot turned the allocator's history off (which also clears it) at the end of its window, so
+    # an oom_observer of the same run had nothing to write when CUDA ran out of memory afterwards
+    calls = history_calls(monkeypatch)
+    observer = cuda_memory.OOMObserver(OOMObserverSettings(max_entries=500))
+    snapshot = cuda_memory.MemorySnapshot(MemorySnapshotSettings(max_entries=200))
+    observer.record()  # fit start
+    snapshot.record()  # after skip_batches
+    snapshot.stop()  # the snapshot is written
+    oom_settings = dict(enabled="all", context="alloc", stacks="python", max_entries=500)
+    # while both record: the most of each (memory_snapshot's C++ stacks and free contexts, oom_observer's entries)
+    assert calls == [oom_settings, dict(enabled="all", context="all", stacks="all", max_entries=500), oom_settings]
+    snapshot.on_fit_end(None)  # already released: nothing changes
+    assert calls[-1] == oom_settings and len(calls) == 3
+    observer.stop()
+    assert calls[-1] is None and cuda_memory.HISTORY.settings() is None
+
+
+def test_memory_snapshot_alone_turns_the_history_off_at_the_end_of_its_window_or_of_the_run(monkeypatch):
+    calls = history_calls(monkeypatch)
+    snapshot = cuda_memory.MemorySnapshot(MemorySnapshotSettings(max_entries=200))
+    snapshot.record()
+    snapshot.stop()
+    assert calls == [dict(enabled="all", context="all", stacks="all", max_entries=200), None]
+    snapshot.record()
+    snapshot.on_fit_end(None)  # a run that ends inside the window
+    assert calls[-1] is None
+
+
+def test_oom_observer_started_inside_a_snapshot_window_keeps_recording_after_it(monkeypatch):
+    calls = history_calls(monkeypatch)
+    snapshot = cuda_memory.MemorySnapshot(MemorySnapshotSettings(max_entries=300))
+    observer = cuda_memory.OOMObserver(OOMObserverSettings(max_entries=100))
+    snapshot.record()
+    observer.record()
+    snapshot.stop()
+    assert calls[1] == dict(enabled="all", context="all", stacks="all", max_entries=300)
+    assert calls[-1] == dict(enabled="all", context="alloc", stacks="python", max_entries=100)
 
 
 def test_fdiff_metrics_logs_the_change_since_the_previous_value(recipe, tmp_path):

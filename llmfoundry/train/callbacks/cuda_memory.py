@@ -6,6 +6,10 @@ writes ``<folder>/<filename>.pickle`` (torch.cuda.memory._snapshot(), for https:
 ``.html`` (its trace plot). oom_observer records the history from the start and, when CUDA runs out of memory,
 writes ``<folder>/<filename>_snapshot.pickle`` and the trace, segment and flame-graph views. ``folder`` and
 ``filename`` may use {run_name}, {rank}, {local_rank}, {world_size}, {epoch}, {batch}, {sample}, {token}.
+
+The allocator keeps one history setting for the whole process, so both callbacks go through HISTORY, which keeps
+it on while either needs it (in one run memory_snapshot's file then also holds what oom_observer recorded before
+the snapshot's window).
 """
 
 from __future__ import annotations
@@ -27,6 +31,53 @@ from llmfoundry.train.callbacks.settings import MemorySnapshotSettings, OOMObser
 from llmfoundry.train.state import TrainState
 
 log = logging.getLogger(__name__)
+
+
+# How much each history setting of torch.cuda.memory._record_memory_history records, least first.
+_LEVELS = {"enabled": ["state", "all"], "context": [None, "state", "alloc", "all"], "stacks": ["python", "all"]}
+
+
+class AllocatorHistory:
+    """Who in this process needs the CUDA allocator to record its history, and with which settings.
+
+    The allocator has one setting per process, and turning the history off (``enabled=None``) also clears what was
+    recorded: memory_snapshot did that at the end of its window, and oom_observer then had nothing to write when CUDA
+    ran out of memory (#30). Here each callback claims the history with the settings it needs and releases it when
+    done; what is applied is the most any remaining claim asks for (each setting's highest level, the largest
+    ``max_entries``), and the history is turned off only when no claim is left. ``set_history`` stands for
+    torch.cuda.memory._record_memory_history (tests pass a recorder of its calls; the allocator needs CUDA)."""
+
+    def __init__(self, set_history=None):
+        self.set_history = set_history
+        self.claims: dict[object, dict] = {}
+
+    def claim(self, owner: object, enabled: str = "all", context: str | None = "all", stacks: str = "all",
+              max_entries: int = 100000) -> None:
+        self.claims[owner] = dict(enabled=enabled, context=context, stacks=stacks, max_entries=max_entries)
+        self._apply()
+
+    def release(self, owner: object) -> None:
+        if self.claims.pop(owner, None) is not None:
+            self._apply()
+
+    def settings(self) -> dict | None:
+        """What the allocator should record now (None: nothing)."""
+        if not self.claims:
+            return None
+        claims = list(self.claims.values())
+        merged = {key: max((c[key] for c in claims), key=levels.index) for key, levels in _LEVELS.items()}
+        return dict(merged, max_entries=max(c["max_entries"] for c in claims))
+
+    def _apply(self) -> None:
+        set_history = self.set_history or torch.cuda.memory._record_memory_history
+        settings = self.settings()
+        if settings is None:
+            set_history(None)
+        else:  # enabling again does not clear the history (clear_history stays False): what was recorded stays
+            set_history(**settings)
+
+
+HISTORY = AllocatorHistory()
 
 
 def _format(template: str, state: TrainState, key: str) -> str:
@@ -68,7 +119,7 @@ class MemorySnapshot(Callback):
 
     def on_batch_start(self, state: TrainState):
         if self.folder is not None and self.started_at is None and self.to_skip == 0:
-            torch.cuda.memory._record_memory_history("all", max_entries=self.s.max_entries)
+            self.record()
             self.started_at = state.time.batch
 
     def on_batch_end(self, state: TrainState, metrics):
@@ -80,13 +131,24 @@ class MemorySnapshot(Callback):
         if self.started_at is not None and state.time.batch == self.started_at + self.interval:
             name = self.folder / _format(self.s.filename, state, "callbacks.memory_snapshot.filename")
             snapshot = torch.cuda.memory._snapshot()
-            torch.cuda.memory._record_memory_history(None)
+            self.stop()
             self.folder = None  # once per run, as Composer's
             if all(len(trace) == 0 for trace in snapshot["device_traces"]):
                 log.info("memory_snapshot: no allocation was recorded")
                 return
             self.written = _write(snapshot, {".pickle": None, ".html": _memory_viz.trace_plot}, name)
             state.print(f"memory_snapshot: wrote {name}.pickle and .html")
+
+    def on_fit_end(self, state: TrainState):
+        self.stop()  # a run that ends inside the window: stop recording for it all the same
+
+    def record(self) -> None:
+        """Record every event with Python and C++ stacks (torch's defaults), as Composer's MemorySnapshot does."""
+        HISTORY.claim(self, max_entries=self.s.max_entries)
+
+    def stop(self) -> None:
+        """Stop recording for this snapshot: the history goes off only if no other callback (oom_observer) records."""
+        HISTORY.release(self)
 
 
 class OOMObserver(Callback):
@@ -101,8 +163,7 @@ class OOMObserver(Callback):
         if self.folder is None:
             return
         self.run = state
-        torch.cuda.memory._record_memory_history(True, trace_alloc_max_entries=self.s.max_entries,
-                                                 trace_alloc_record_context=True)
+        self.record()  # and on after the run, for an out-of-memory error after it (until stop())
         torch._C._cuda_attach_out_of_memory_observer(self.observe)
         log.info("oom_observer: recording CUDA memory history")
 
@@ -121,6 +182,15 @@ class OOMObserver(Callback):
             self.written = _write(snapshot, views, name)
         except Exception as error:  # noqa: BLE001 - never hide the out-of-memory error behind ours
             log.error("oom_observer: could not write the memory snapshot: %s", error)
+
+    def record(self) -> None:
+        """Composer's _record_memory_history(True, trace_alloc_max_entries=..., trace_alloc_record_context=True):
+        every event, with the Python stacks of allocations."""
+        HISTORY.claim(self, enabled="all", context="alloc", stacks="python", max_entries=self.s.max_entries)
+
+    def stop(self) -> None:
+        """Stop recording for this observer: the history goes off only if no other callback records."""
+        HISTORY.release(self)
 
 
 def _write(snapshot: dict, views: dict, name: Path) -> list[Path]:
