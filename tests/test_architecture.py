@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "llmfoundry"
 # are used, so that llmfoundry works without them. Everything else is imported at the top of its module.
 OPTIONAL = {"peft", "lm_eval", "mlflow", "tensorboard", "torch.utils.tensorboard", "tiktoken", "flash_attn",
             "datasets", "matplotlib", "wandb", "boto3", "botocore", "ray", "bitsandbytes",
-            "psutil", "pynvml", "gcsfs", "adlfs"}
+            "psutil", "pynvml", "gcsfs", "adlfs", "torchao"}
 # A command checks its recipe before the heavy stack loads (a recipe mistake is answered in well under a second):
 # its heavy stage is imported inside a function once the recipe is valid, and only in these places.
 STAGED = {

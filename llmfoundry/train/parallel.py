@@ -1,8 +1,9 @@
 """Parallelism applied from outside the model: activation checkpointing, torch.compile, FSDP2 or DDP.
 
-Order (per block, then the root): activation checkpointing -> torch.compile -> ``fully_shard``. Models expose
-their transformer blocks through ``model.blocks()`` (the CausalLM protocol); a model whose list is empty is
-compiled and sharded as one unit.
+Order: float8 conversion of the Linears (``precision: amp_fp8``, train/float8.py) -> activation checkpointing
+(train/activation_ckpt.py) -> torch.compile (each block, or the whole model with ``compile_config.scope: model``)
+-> ``fully_shard`` per block, then the root. Models expose their transformer blocks through ``model.blocks()``
+(the CausalLM protocol); a model whose list is empty is compiled and sharded as one unit.
 
 ``fsdp_config`` maps onto FSDP2 like this:
 
@@ -22,7 +23,8 @@ backward_prefetch      BACKWARD_PRE = FSDP2's own prefetch; with ``backward_pref
 sync_module_states     rank 0's parameters and buffers are broadcast before sharding (a meta-device model is
                        materialised from the seed on every rank, identical by construction)
 activation_checkpointing  the modules the model builder marked (``_activation_checkpointing``, e.g. MPT's
-                       ``model.activation_checkpointing_target``), else every block
+                       ``model.activation_checkpointing_target``), else every block; how much of each is
+                       recomputed: ``activation_checkpointing_mode`` (full, selective_op, selective_layer_N)
 limit_all_gathers, use_orig_params, load_monolith_rank0_only, verbose, activation_checkpointing_fn: FSDP1
 knobs with no FSDP2 meaning; set to a non-default value they are accepted with a one-line notice
 =====================  ==================================================================================
@@ -58,14 +60,15 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.checkpoint import checkpoint
 
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.core.notices import notice_once
 from llmfoundry.core.precision import DTYPES, low_dtype
 from llmfoundry.models.interface import hooks_of
 from llmfoundry.models.pretrained_weights import PretrainedWeights
-from llmfoundry.train import layouts
+from llmfoundry.train import float8, layouts
+from llmfoundry.train.activation_ckpt import apply_activation_checkpointing as apply_activation_checkpointing  # plan
+from llmfoundry.train.activation_ckpt import checkpoint_modules
 from llmfoundry.train.settings import CompileConfig, FSDPConfig, TPConfig
 
 log = logging.getLogger(__name__)
@@ -76,24 +79,6 @@ def is_meta(model: nn.Module) -> bool:
 
 
 # ----------------------------------------------------------------------------------------------- per block
-def apply_activation_checkpointing(block: nn.Module, reentrant: bool) -> None:
-    """Recompute ``block``'s forward during backward. Parameter names are unchanged (no wrapper module)."""
-    forward = block.forward
-
-    @functools.wraps(forward)
-    def checkpointed(*args, **kwargs):
-        if not torch.is_grad_enabled():
-            return forward(*args, **kwargs)
-        if reentrant:
-            if kwargs:
-                raise ValueError("activation_checkpointing_reentrant: the block takes keyword arguments; "
-                                 "set activation_checkpointing_reentrant: false")
-            return checkpoint(forward, *args, use_reentrant=True)
-        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
-
-    block.forward = checkpointed
-
-
 def apply_compile(block: nn.Module, cfg: CompileConfig) -> None:
     kwargs: dict[str, Any] = {"backend": cfg.backend, "fullgraph": cfg.fullgraph, "dynamic": cfg.dynamic}
     if cfg.mode:
@@ -324,15 +309,17 @@ def parallelize(model: nn.Module, *, fsdp: FSDPConfig | None, compile_cfg: Compi
     if fsdp is not None and fsdp.cpu_offload and device.type != "cuda":
         raise ConfigError(f"fsdp_config.cpu_offload: offloads GPU memory to the CPU; this run is on {device.type} "
                           "(set it to false)")
+    if precision == "amp_fp8":  # before checkpointing and compile wrap the Linears' forwards, before FSDP2 shards
+        float8.convert(model, blocks, fsdp_all_gather=fsdp is not None and world_size > 1, tp=tp is not None)
     if fsdp is not None and fsdp.activation_checkpointing:
         if not blocks:
             raise ConfigError("fsdp_config.activation_checkpointing: the model's blocks() is empty, there is "
                               "nothing to checkpoint (set it to false)")
-        for module in checkpoint_targets(model, blocks):
-            apply_activation_checkpointing(module, fsdp.activation_checkpointing_reentrant)
+        checkpoint_modules(checkpoint_targets(model, blocks), fsdp.activation_checkpointing_mode,
+                           fsdp.activation_checkpointing_reentrant)
     if compile_cfg is not None:
-        for block in blocks or [model]:
-            apply_compile(block, compile_cfg)
+        for module in blocks if blocks and compile_cfg.scope == "block" else [model]:
+            apply_compile(module, compile_cfg)
 
     meta = is_meta(model)
     # TP and EP split each block as it is materialised (apply_fsdp's prepare_block), then FSDP2 shards it: a rank

@@ -89,10 +89,13 @@ class TrainConfig:
         differs="the train loader resumes from its saved sample position whatever the value",
     )
     device_eval_batch_size: PositiveInt = option(8, "samples per evaluation forward on one device")
-    precision: Literal["fp32", "amp_bf16", "amp_fp16", "bf16"] = option(
-        "amp_bf16", "fp32; amp_bf16/amp_fp16 = autocast with fp32 weights; bf16 = weights and math in bf16. "
-        "amp_bf16 (llm-foundry's default) needs a CUDA GPU with bf16: elsewhere the run uses fp32 and says so once",
-        differs="without a CUDA GPU with bf16, amp_bf16 trains in fp32 with a notice (llm-foundry refuses to run)",
+    precision: Literal["fp32", "amp_bf16", "amp_fp16", "bf16", "amp_fp8"] = option(
+        "amp_bf16", "fp32; amp_bf16/amp_fp16 = autocast with fp32 weights; bf16 = weights and math in bf16; "
+        "amp_fp8 = float8 matmuls in the blocks' Linear layers through torchao (the float8 extra; a CUDA GPU of "
+        "compute capability 8.9+, e.g. H100), the rest as amp_bf16. amp_bf16 (llm-foundry's default) needs a CUDA "
+        "GPU with bf16: elsewhere the run uses fp32 and says so once",
+        differs="without a CUDA GPU with bf16, amp_bf16 trains in fp32 with a notice (llm-foundry refuses to run); "
+        "amp_fp8 runs through torchao's Float8Linear, not TransformerEngine",
     )
     seed: int = option(17, "random seed for weights, data order and dropout")
     # --- evaluation ---
@@ -122,7 +125,8 @@ class TrainConfig:
     tp_config: TPConfig | None = option(
         None, "tensor parallelism of the MPT blocks on a (dp, tp) mesh with fsdp_config across the TP groups"
     )
-    compile_config: CompileConfig | None = option(None, "torch.compile each block ({} = defaults; none = eager)")
+    compile_config: CompileConfig | None = option(
+        None, "torch.compile each block, or the whole model with scope: model ({} = defaults; none = eager)")
     dist_timeout: PositiveFloat = option(600.0, "seconds to wait for other ranks before failing")
     # --- logging ---
     run_name: str | None = option(

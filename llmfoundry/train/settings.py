@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from llmfoundry.config.fields import option
 from llmfoundry.core.dtype_names import DTYPE_NAMES
+from llmfoundry.core.errors import did_you_mean
 
 _NO_FSDP2 = "accepted for llm-foundry recipes; no FSDP2 meaning: ignored, with a notice when set to another value"
 MIXED_PRECISION_KEYS = ("param_dtype", "reduce_dtype", "buffer_dtype")
@@ -40,6 +41,12 @@ class FSDPConfig:
     )
     activation_checkpointing_reentrant: bool = option(
         False, "use the reentrant torch.utils.checkpoint implementation (default: non-reentrant)"
+    )
+    activation_checkpointing_mode: str = option(
+        "full", "with activation_checkpointing: full = recompute each checkpointed module's whole forward; "
+        "selective_op = torchtitan's per-op policy (keep matmul and attention outputs except every second matmul, "
+        "recompute the rest); selective_layer_N = checkpoint every Nth module in full, keep the others' activations",
+        differs="an llmfoundry extension (llm-foundry checkpoints in full)",
     )
     activation_cpu_offload: bool = option(False, "keep saved activations in (pinned) CPU memory between forward and backward")
     cpu_offload: bool = option(False, "keep sharded parameters, gradients and optimizer state on the CPU (FSDP2 CPUOffloadPolicy)")
@@ -87,11 +94,21 @@ class FSDPConfig:
     )
 
     def check_settings(self, path: str) -> list[str]:
-        """A mixed_precision mapping names known keys and dtypes, so that parallel.py can use it as it is."""
-        if not isinstance(self.mixed_precision, dict):
-            return []
-        where = f"{path}.mixed_precision" if path else "mixed_precision"
+        """A mixed_precision mapping names known keys and dtypes, so that parallel.py can use it as it is; the
+        activation checkpointing mode is one parallel.py knows, and asked for only with checkpointing on."""
+        prefix = f"{path}." if path else ""
         problems = []
+        try:
+            kind, _ = parse_checkpointing_mode(self.activation_checkpointing_mode)
+        except ValueError as error:
+            problems.append(f"{prefix}activation_checkpointing_mode: {error}")
+        else:
+            if kind != "full" and not self.activation_checkpointing:
+                problems.append(f"{prefix}activation_checkpointing_mode: {self.activation_checkpointing_mode} "
+                                "applies only with activation_checkpointing: true (set it, or remove the mode)")
+        if not isinstance(self.mixed_precision, dict):
+            return problems
+        where = f"{prefix}mixed_precision"
         for key, name in self.mixed_precision.items():
             if key not in MIXED_PRECISION_KEYS:
                 problems.append(f"{where}.{key}: unknown key (use {', '.join(MIXED_PRECISION_KEYS)})")
@@ -100,9 +117,34 @@ class FSDPConfig:
         return problems
 
 
+CHECKPOINTING_MODES = ("full", "selective_op", "selective_layer_N")
+
+
+def parse_checkpointing_mode(mode: str) -> tuple[str, int]:
+    """``fsdp_config.activation_checkpointing_mode`` as (full | selective_op | selective_layer, N); N is 1 but for
+    selective_layer_N. Raises ValueError with the fix (the closest mode) in one line."""
+    if mode in ("full", "selective_op"):
+        return mode, 1
+    kind, _, every = str(mode).rpartition("_")
+    if kind == "selective_layer" and every.isdigit() and int(every) >= 1:
+        return kind, int(every)
+    if kind == "selective_layer":
+        raise ValueError(f"'{mode}': N must be a whole number of at least 1 (e.g. selective_layer_2)")
+    raise ValueError(f"'{mode}' is not a mode (use one of {', '.join(CHECKPOINTING_MODES)})"
+                     f"{did_you_mean(str(mode), ('full', 'selective_op', 'selective_layer_2'))}")
+
+
 @dataclass(kw_only=True)
 class CompileConfig:
-    """``compile_config``: ``torch.compile`` applied to each block (``compile_config: {}`` = the defaults)."""
+    """``compile_config``: ``torch.compile`` of each block, or of the whole model (``scope: model``);
+    ``compile_config: {}`` = the defaults. The other keys are torch.compile's arguments, as in llm-foundry."""
+
+    scope: Literal["block", "model"] = option(
+        "block", "block = compile each transformer block on its own (short compiles, one graph reused by every "
+        "block); model = compile the whole model at once (embeddings, blocks and output head in as few graphs "
+        "as it can, as Composer's compile_config does)",
+        differs="llm-foundry (Composer) compiles the whole model; here each block unless scope: model",
+    )
 
     backend: str = option("inductor", "torch.compile backend (inductor; eager/aot_eager to debug)")
     mode: str | None = option(None, "torch.compile mode: default, reduce-overhead, max-autotune, ...")
