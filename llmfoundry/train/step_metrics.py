@@ -52,6 +52,9 @@ class Derived:
     def __float__(self) -> float:
         return self.resolve(read_tensors(list(self.tensors)))
 
+    def __format__(self, spec: str) -> str:  # f"{value:.4f}" as for a float (or a 0-d tensor): a read
+        return format(float(self), spec)
+
     def __repr__(self) -> str:
         return f"Derived({float(self)!r})"
 

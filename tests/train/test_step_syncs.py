@@ -10,6 +10,7 @@ torch keeps on the CPU unless the optimizer is fused (as on CUDA).
 from __future__ import annotations
 
 import traceback
+import warnings
 
 import pytest
 import torch
@@ -147,7 +148,8 @@ def test_metrics_read_at_once_are_the_eager_values():
     (values,) = resolve_metrics(pending)
     assert values == {"loss/train/total": float(loss), "loss/train/loss": float(loss) - float(aux), "ratio": 2.5,
                       "time/batch": 1.0}
-    assert float(pending[0]["loss/train/loss"]) == float(loss) - float(aux)
+    assert float(pending[0]["loss/train/loss"]) == float(loss) - float(aux)  # a callback's read, at once
+    assert f"{pending[0]['ratio']:.2f}" == "2.50"
 
 
 def test_adamw_stays_the_per_tensor_loop_on_cpu_and_a_checkpoint_from_a_gpu_does_not_change_that():
@@ -167,6 +169,36 @@ def test_adamw_stays_the_per_tensor_loop_on_cpu_and_a_checkpoint_from_a_gpu_does
     assert opt.param_groups[0]["weight_decay"] == pytest.approx(1e-5 / 1e-3)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_a_step_makes_no_synchronizing_call_between_log_intervals(mds_root, tokenizer_dir):
+    """What the CPU test counts, seen by CUDA itself: torch's sync debug mode warns on every call that waits for the
+    device (a read, a blocking copy)."""
+    trainer = make_trainer(quickstart_like(mds_root, tokenizer_dir, eval_interval="100ba"))
+    assert trainer.device.type == "cuda"
+    syncs: list[tuple[int, str]] = []
+    step, log = trainer.train_step, trainer._log
+
+    def watched(call, *args, **kwargs):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                return call(*args, **kwargs)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+                syncs.extend((trainer.time.batch, str(w.message)[:200]) for w in caught
+                             if "synchroniz" in str(w.message))
+
+    trainer.train_step = lambda batch: watched(step, batch)
+    trainer._log = lambda metrics, console, flush=False: (log(metrics, console, flush) if console or flush
+                                                          else watched(log, metrics, console, flush))
+    trainer.fit()
+    print("synchronizing calls by batch:", syncs)
+    assert [(batch, what) for batch, what in syncs if batch > 1] == []  # the first step also sets things up
+
+
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_adamw_is_fused_on_cuda_and_matches_the_loop_closely():
     torch.manual_seed(0)
