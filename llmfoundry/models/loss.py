@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from llmfoundry.models.chunked_loss import target_log_probs
+
 IGNORE_INDEX = -100  # labels with this value (padding, prompts) carry no loss
 
 
@@ -23,7 +25,24 @@ def _aligned(logits: torch.Tensor, labels: torch.Tensor, offset: int) -> tuple[t
 
 def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean", offset: int = 1) -> torch.Tensor:
     """Cross-entropy of each position's logits against the label ``offset`` positions on (-100 is ignored).
-    ``reduction="sum"`` lets the trainer normalise over a whole batch split into microbatches."""
+    ``reduction="sum"`` lets the trainer normalise over a whole batch split into microbatches.
+
+    Bitwise ``F.cross_entropy(logits[:, :-offset].float(), labels[:, offset:])`` (``reference_causal_lm_loss``) in
+    value and gradient, without its fp32 copy of the logits: llmfoundry.models.chunked_loss walks the vocabulary
+    a chunk of rows at a time, and torch's nll_loss reduces the targets' log-probabilities as cross_entropy's would."""
+    # the targets in the logits' own positions (the last ``offset`` have none), so that the logits are read in
+    # place: slicing them first would copy all of them when B > 1
+    targets = labels[:, offset:]
+    padded = F.pad(targets, (0, offset), value=IGNORE_INDEX) if offset else targets
+    picked = target_log_probs(logits, padded, IGNORE_INDEX)[:, :targets.size(1)]
+    # nll_loss over one 'class' per row: the same kernel, values and order as cross_entropy's reduction
+    classes = torch.where(targets == IGNORE_INDEX, targets, torch.zeros_like(targets))
+    return F.nll_loss(picked.reshape(-1, 1), classes.reshape(-1), ignore_index=IGNORE_INDEX, reduction=reduction)
+
+
+def reference_causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean",
+                             offset: int = 1) -> torch.Tensor:
+    """``causal_lm_loss`` as plain F.cross_entropy on the upcast logits (what the chunked loss is checked against)."""
     logits, labels = _aligned(logits, labels, offset)
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), labels.reshape(-1),
                            ignore_index=IGNORE_INDEX, reduction=reduction)
