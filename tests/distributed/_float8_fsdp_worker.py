@@ -1,12 +1,15 @@
 """Two FSDP2 ranks train a meta-built tiny MPT with precision amp_fp8 through parallel.parallelize: the weights
 travel as float8 in the all-gather (torchao's WeightWithDynamicFloat8CastTensor shards), and each rank's loss and the
 averaged gradients must match a one-rank float8 model's (same seed, no FSDP) on the same batches. torchao's float8
-casts and matmuls run on CPU, so this is the CPU analogue of float8 all-gather on GPUs."""
+casts and matmuls run on CPU, so this is the CPU analogue of float8 all-gather on GPUs. Then a DCP checkpoint of the
+float8 shards loads into a fresh amp_fp8 model and into an fp32 one (no float8) with the same values."""
 
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 
 from llmfoundry.train import parallel
 from llmfoundry.train.recipe import validate
@@ -18,11 +21,11 @@ rank, world = dist.get_rank(), dist.get_world_size()
 batches = [torch.randint(0, 512, (2, 32), generator=torch.Generator().manual_seed(r)) for r in range(world)]
 
 
-def built(world_size: int):
+def built(world_size: int, precision: str = "amp_fp8"):
     with torch.device("meta"):
         model = tiny_model(n_layers=2, d_model=64, n_heads=4)
     fsdp = validate({"mixed_precision": "FULL"}, FSDPConfig) if world_size > 1 else None
-    wrapped = parallel.parallelize(model.train(), fsdp=fsdp, compile_cfg=None, precision="amp_fp8",
+    wrapped = parallel.parallelize(model.train(), fsdp=fsdp, compile_cfg=None, precision=precision,
                                    device=torch.device("cpu"), world_size=world_size, seed=0)
     return model, wrapped
 
@@ -47,4 +50,19 @@ for (name, p), (_, q) in zip(sharded.named_parameters(), single.named_parameters
     if not torch.allclose(p.grad.full_tensor(), q.grad / world, atol=1e-6, rtol=1e-5):
         sys.exit(f"rank {rank}: {name}: FSDP2's averaged gradient differs from the one-rank model's")
 print(f"rank {rank}: float8 all-gather matches one rank")
+
+folder = Path(sys.argv[1]).parent / "float8_dcp"  # argv[1]: the job's (unused) recipe, in the test's tmp_path
+with torch.no_grad():
+    for p in sharded.parameters():
+        p.mul_(1.5)  # values the fresh models' initialisation cannot have
+dcp.save(sharded.state_dict(), checkpoint_id=folder)
+for precision in ("amp_fp8", "fp32"):
+    fresh, _ = built(world, precision)
+    state = fresh.state_dict()
+    dcp.load(state, checkpoint_id=folder)
+    fresh.load_state_dict(state)
+    for (name, p), (_, q) in zip(sharded.named_parameters(), fresh.named_parameters()):
+        if not torch.equal(p.full_tensor(), q.full_tensor()):
+            sys.exit(f"rank {rank}: {name}: the float8 run's checkpoint loaded into {precision} differs")
+print(f"rank {rank}: the float8 checkpoint loads into amp_fp8 and fp32")
 dist.destroy_process_group()
