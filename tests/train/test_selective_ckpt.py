@@ -104,6 +104,18 @@ def test_selective_op_recomputes_every_second_matmul_and_pointwise_ops_but_no_at
     assert full[gelu] == op[gelu] == 4 and none[gelu] == 0  # pointwise ops are recomputed, not saved
 
 
+@pytest.mark.parametrize("scope", ["block", "model"])
+def test_selective_op_under_compile_gives_the_eager_gradients(scope):
+    """Compile traces the per-op policy into its graph (as torchtitan compiles its blocks after selective
+    checkpointing); aot_eager: the graphs without inductor's kernels, so the numbers must not move at all."""
+    loss, grads = _loss_and_grads(_model(None, n_layers=2))
+    model = _model(_mode("selective_op"), n_layers=2, compile_cfg={"backend": "aot_eager", "scope": scope})
+    compiled_loss, compiled_grads = _loss_and_grads(model)
+    assert torch.equal(loss, compiled_loss)
+    for name in grads:
+        assert torch.equal(grads[name], compiled_grads[name]), name
+
+
 def test_selective_layer_n_checkpoints_every_nth_block_as_torchtitan_counts():
     model = _model(_mode("selective_layer_2"), n_layers=5)
     wrapped = [name for name, m in model.named_modules() if "forward" in vars(m)]
