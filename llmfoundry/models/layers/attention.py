@@ -5,11 +5,16 @@ document ids, not on the layer. It is kept as compact as the case allows:
 
 * plain causal attention over a full sequence -> no tensor at all (SDPA's ``is_causal``);
 * padding / packed documents / sliding window / cached decoding -> one boolean (B|1, 1, T, S) tensor;
-* ALiBi -> one additive (B|1, H, T, S) tensor in the compute dtype with the mask folded in as -inf.
+* ALiBi -> one additive (B|1, H, T, S) tensor in the compute dtype with the mask folded in as -inf;
+* or, where FlexAttention runs (see ``Attention.flex_mode``), none of these dense tensors but a ``FlexMask``
+  (layers/flex_attention.py): a block-sparse mask plus a score function for ALiBi / soft-capping.
 
-Two implementations read it: ``torch`` (explicit softmax, the reference) and ``sdpa``
-(``F.scaled_dot_product_attention``, which picks fused kernels). ``flash`` uses flash-attn's kernel for the
-cases it covers (no padding, no packed documents) and SDPA otherwise.
+Implementations: ``torch`` (explicit softmax, the reference) and ``sdpa`` (``F.scaled_dot_product_attention``,
+which picks fused kernels). ``flash`` uses flash-attn's kernel for the cases it covers (no padding, no packed
+documents) and SDPA otherwise. ``flex`` (llm-foundry's name too) always runs FlexAttention when there is no KV
+cache. ``sdpa`` and ``flash`` switch to FlexAttention by themselves when training on CUDA with a mask SDPA could
+only take densely (padding, packed documents, a window, ALiBi) or with soft-capping (which SDPA lacks): the dense
+mask would send SDPA to its slow kernels.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from llmfoundry.models.layers import flex_attention
 from llmfoundry.models.layers.norm import build_norm
 from llmfoundry.models.layers.positional import alibi_bias, apply_rope
 
@@ -37,6 +43,7 @@ class AttentionMask:
     tensor:    None, a bool (B|1, 1, T, S) "may attend" mask, or a float (B|1, H, T, S) additive bias.
     slopes:    ALiBi slopes (H,) when ALiBi is on (for flash-attn).
     simple:    True when only causality (+ ALiBi / window) matters: no padding, no packed documents.
+    flex:      the FlexAttention form (built instead of ``tensor`` when asked for; only without a KV cache).
     """
 
     is_causal: bool
@@ -44,6 +51,7 @@ class AttentionMask:
     slopes: torch.Tensor | None = None
     simple: bool = True
     window: int = -1
+    flex: flex_attention.FlexMask | None = None
 
     @staticmethod
     def build(
@@ -54,12 +62,22 @@ class AttentionMask:
         slopes: torch.Tensor | None,  # (H,) ALiBi slopes or None
         window: int,  # sliding window size, -1 = unlimited
         dtype: torch.dtype,  # compute dtype of the attention scores
+        flex: str = "off",  # Attention.flex_mode: "off", "auto" (unless plain causal) or "on"
     ) -> "AttentionMask":
         device = q_pos.device
         T = q_pos.shape[0]
         has_padding = key_padding is not None and not bool(key_padding.all())
         simple = not has_padding and sequence_id is None
-        if simple and slopes is None and window < 0:
+        plain = simple and slopes is None and window < 0
+        if flex == "on" or (flex == "auto" and not plain):
+            if T == k_len:  # no KV cache: queries and keys are the same positions (decoding keeps the dense mask)
+                padding = key_padding.bool() if has_padding else None
+                rows = padding if padding is not None else sequence_id
+                B = rows.shape[0] if rows is not None else 1
+                form = flex_attention.build_flex_mask(B, T, padding, sequence_id, slopes, window, device)
+                return AttentionMask(is_causal=False, tensor=None, slopes=slopes, simple=simple, window=window,
+                                     flex=form)
+        if plain:
             if T == k_len:
                 return AttentionMask(is_causal=True, tensor=None)
             if T == 1:  # one new token sees the whole cache
@@ -215,8 +233,29 @@ class Attention(nn.Module):
         y = y.transpose(1, 2).reshape(B, T, -1)
         return self.out_proj(y)
 
+    def flex_mode(self, x: torch.Tensor) -> str:
+        """How ``AttentionMask.build`` should build this forward's mask for FlexAttention (every block shares the
+        implementation, dropout and soft-capping of block 0, so the model asks block 0): "on" always (no KV cache),
+        "auto" unless the mask is plain causal (SDPA's own causal flash kernel is best there), "off" never."""
+        if self.dropout > 0 and self.training:
+            return "off"  # FlexAttention has no dropout on the probabilities (attn_impl: flex refuses attn_pdrop)
+        if not flex_attention.available() or not flex_attention.kernel_fits(self.head_dim, x.device):
+            return "off"
+        if self.attn_impl == "flex":  # where torch cannot train through it (CPU), SDPA computes the same
+            return "on" if flex_attention.trains_on(x.device) or not torch.is_grad_enabled() else "off"
+        # Only in training on CUDA: that is where the dense mask costs (a slow kernel, forward and backward), and
+        # compiling FlexAttention for every new shape would not pay in generation.
+        if self.attn_impl in ("sdpa", "flash") and x.is_cuda and self.training:
+            return "on" if self.softcap is not None and self.attn_impl == "sdpa" else "auto"
+        return "off"
+
     def _attend(self, q, k, v, mask: AttentionMask) -> torch.Tensor:
         impl = self.attn_impl
+        flash_covers = impl == "flash" and mask.simple and q.dtype in (torch.float16, torch.bfloat16)
+        if mask.flex is not None and not flash_covers:
+            return flex_attention.flex_attend(q, k, v, mask.flex, self.scale, self.softcap)
+        if impl == "flex":
+            impl = "sdpa"  # with a KV cache (T != S): the dense mask, as sdpa reads it
         if impl == "flash" and not (mask.simple and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)):
             impl = "sdpa"  # flash-attn's dense kernel covers neither padding masks nor packed documents
         if impl == "sdpa" and self.softcap is not None:

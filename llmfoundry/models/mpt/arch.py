@@ -43,8 +43,10 @@ class AttnConfig:
     attn_type: Literal["multihead_attention", "multiquery_attention", "grouped_query_attention"] = option(
         "multihead_attention", "multihead_attention, multiquery_attention (one kv head) or grouped_query_attention"
     )
-    attn_impl: Literal["torch", "sdpa", "flash"] = option(
-        "sdpa", "torch (explicit reference), sdpa (torch's fused kernels), flash (flash-attn if installed, else sdpa)"
+    attn_impl: Literal["torch", "sdpa", "flash", "flex"] = option(
+        "sdpa", "torch (explicit reference), sdpa (torch's fused kernels; FlexAttention when training on CUDA with "
+        "padding, packed documents, a window, ALiBi or soft-capping), flash (flash-attn if installed, else sdpa), "
+        "flex (FlexAttention whenever there is no KV cache; training on a CPU uses sdpa)"
     )
     attn_pdrop: float = option(0.0, "dropout on attention probabilities")
     kv_n_heads: int = option(1, "key/value heads for grouped_query_attention (must divide n_heads)")
@@ -242,6 +244,9 @@ class MPTArch:
             if not 0.0 <= value < 1.0:
                 where = f"{p}.attn_config.{key}" if key == "attn_pdrop" else f"{p}.{key}"
                 problems.append(f"{where}: a probability in [0, 1), got {value}")
+        if a.attn_impl == "flex" and a.attn_pdrop > 0:
+            problems.append(f"{p}.attn_config.attn_pdrop: FlexAttention has no attention dropout; set it to 0 or use "
+                            "attn_impl: sdpa")
         if not 0.0 < self.embedding_fraction <= 1.0:
             problems.append(f"{p}.embedding_fraction: in (0, 1], got {self.embedding_fraction}")
         if isinstance(self.logit_scale, str) and self.logit_scale != "inv_sqrt_d_model":

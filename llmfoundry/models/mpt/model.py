@@ -118,7 +118,8 @@ class MPTModel(nn.Module):
         dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
         q_pos = torch.arange(past, past + T, device=x.device)
         masks = {  # one mask per sliding window in use (block_overrides may give layers different windows)
-            window: AttentionMask.build(q_pos, past + T, attention_mask, sequence_id, self.slopes, window, dtype)
+            window: AttentionMask.build(q_pos, past + T, attention_mask, sequence_id, self.slopes, window, dtype,
+                                        self.blocks[0].attn.flex_mode(x))
             for window in set(self.windows)
         }
         rope = self.rotary(position_ids, dtype) if self.rotary is not None else None
