@@ -81,7 +81,26 @@ def _filesystem():
     # "latest" and completion markers are read again and again and must be current.
     # anon=False: older adlfs (2024.4) defaults to anonymous access when no key is given, which would turn an
     # azure-identity login (az login, a managed identity) into "container not found" / "access refused"
-    return adlfs.AzureBlobFileSystem(**settings, anon=False, use_listings_cache=False)
+    fs = adlfs.AzureBlobFileSystem(**settings, anon=False, use_listings_cache=False)
+    _ask_again_sooner(fs.service_client)
+    return fs
+
+
+# azure-storage's default policy waits 15 s, then 18 s, then 24 s (plus up to 3 s of jitter) before asking again:
+# a minute per request in a storm of 503s, past the deadline of our own retries (objectstore.ObjectFolder's reads,
+# the uploader's), which then give up on a store that had recovered. Ask again within seconds (0.2 s, 1.7 s,
+# 2.45 s: initial + base ** n), as botocore does, and leave longer waits to those deadlines.
+AZURE_RETRY = {"initial_backoff": 0.2, "increment_base": 1.5, "random_jitter_range": 0.2}
+
+
+def _ask_again_sooner(service_client) -> None:
+    """Shorten the waits of ``service_client``'s retry policy in place. adlfs builds the client without a way to
+    pass a policy; the container and blob clients made from it share this policy object."""
+    policy = getattr(getattr(service_client, "_config", None), "retry_policy", None)
+    if policy is None or not all(hasattr(policy, name) for name in AZURE_RETRY):
+        return  # another azure-storage layout: keep its own policy (slower, still retrying)
+    for name, value in AZURE_RETRY.items():
+        setattr(policy, name, value)
 
 
 def _status(error: BaseException) -> tuple[int, str | None] | None:
