@@ -158,6 +158,22 @@ def test_flex_decodes_from_a_kv_cache_like_a_full_forward(variant):
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=1e-5, rtol=1e-4)
 
 
+def test_flex_runs_inside_a_compiled_block(monkeypatch):
+    """compile_config compiles each block: Dynamo then traces FlexAttention (and the shared BlockMask) into the
+    block's graph, in one graph (fullgraph), instead of calling the separately compiled function."""
+    traced = []
+    real = flex_attention.flex_attend
+    monkeypatch.setattr(flex_attention, "flex_attend",
+                        lambda *a, **k: traced.append(torch.compiler.is_compiling()) or real(*a, **k))
+    x, kwargs = _batch("packed_padded_window")
+    ref, flex = _pair("alibi", "packed_padded_window", "gqa")
+    for block in flex.transformer.blocks:
+        block.compile(backend="aot_eager", fullgraph=True)
+    with torch.no_grad():
+        torch.testing.assert_close(flex(x, **kwargs).logits, ref(x, **kwargs).logits, atol=1e-5, rtol=0)
+    assert traced == [True, True]
+
+
 def test_flex_trains_on_a_cpu_through_sdpa(flex_calls):
     """torch has no FlexAttention backward on CPU: training there computes the same attention with SDPA."""
     x, kwargs = _batch("packed_padded_window")

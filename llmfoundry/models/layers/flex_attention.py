@@ -136,7 +136,8 @@ def build_flex_mask(
     per_row = key_padding is not None or sequence_id is not None
     mask_mod = _mask_mod(window, key_padding, sequence_id, lonely)
     # H=None: the mask is the same for every head (ALiBi lives in the score_mod), which makes it H times smaller.
-    make = _compiled_fn("create_block_mask") if device.type == "cuda" else create_block_mask
+    compile_it = device.type == "cuda" and not torch.compiler.is_compiling()  # inside torch.compile it is traced
+    make = _compiled_fn("create_block_mask") if compile_it else create_block_mask
     block_mask = make(mask_mod, B if per_row else None, None, T, T, device=device)
     if slopes is not None:
         slopes = slopes.to(device=device, dtype=torch.float32)
@@ -148,10 +149,10 @@ def flex_attend(q, k, v, mask: FlexMask, scale: float, softcap: float | None) ->
     reference does."""
     score_mod = _score_mod(mask.slopes, softcap) if (mask.slopes is not None or softcap is not None) else None
     kwargs = dict(score_mod=score_mod, block_mask=mask.block_mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
+    if torch.compiler.is_compiling():  # a compiled block (compile_config): Dynamo compiles FlexAttention with it
+        return flex_attention(q, k, v, **kwargs)
     if q.is_cuda:
         return _compiled_fn("flex_attention")(q, k, v, **kwargs)
-    if torch.compiler.is_compiling():
-        return flex_attention(q, k, v, **kwargs)
     with warnings.catch_warnings():
         # On a CPU the unfused reference is what we mean to run; its "call torch.compile" advice is for GPUs.
         warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
