@@ -11,8 +11,9 @@ document ids, not on the layer. It is kept as compact as the case allows:
 
 Implementations: ``torch`` (explicit softmax, the reference) and ``sdpa`` (``F.scaled_dot_product_attention``,
 which picks fused kernels). ``flash`` uses flash-attn's kernel for the cases it covers (no padding, no packed
-documents) and SDPA otherwise. ``flex`` (llm-foundry's name too) always runs FlexAttention when there is no KV
-cache. ``sdpa`` and ``flash`` switch to FlexAttention by themselves when training on CUDA with a mask SDPA could
+documents) and SDPA otherwise. ``flex`` (llm-foundry's name too) runs FlexAttention whenever there is no KV cache,
+except where torch cannot: training on a CPU (no backward there) and heads under 16 on CUDA, which use SDPA.
+``sdpa`` and ``flash`` switch to FlexAttention by themselves when training on CUDA with a mask SDPA could
 only take densely (padding, packed documents, a window, ALiBi) or with soft-capping (which SDPA lacks): the dense
 mask would send SDPA to its slow kernels.
 """
