@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import shutil
 from pathlib import Path
 
 import torch
@@ -177,8 +178,14 @@ class OOMObserver(Callback):
                 log.info("oom_observer: no allocation was recorded")
                 return
             views = {"_snapshot.pickle": None, "_trace_plot.html": _memory_viz.trace_plot,
-                     "_segment_plot.html": _memory_viz.segment_plot, "_segment_flamegraph.svg": _memory_viz.segments,
-                     "_memory_flamegraph.svg": _memory_viz.memory}
+                     "_segment_plot.html": _memory_viz.segment_plot}
+            if flamegraphs_available():
+                views.update({"_segment_flamegraph.svg": _memory_viz.segments,
+                              "_memory_flamegraph.svg": _memory_viz.memory})
+            else:
+                log.warning("oom_observer: no flame graphs: torch draws them with perl and %s, which is not there (it "
+                            "would download it; draw them later with python -m torch.cuda._memory_viz memory "
+                            "%s_snapshot.pickle -o memory.svg)", FLAMEGRAPH, name)
             self.written = _write(snapshot, views, name)
         except Exception as error:  # noqa: BLE001 - never hide the out-of-memory error behind ours
             log.error("oom_observer: could not write the memory snapshot: %s", error)
@@ -193,15 +200,31 @@ class OOMObserver(Callback):
         HISTORY.release(self)
 
 
+# torch.cuda._memory_viz draws flame graphs with Brendan Gregg's flamegraph.pl from here, and downloads it from
+# GitHub when it is missing: inside an out-of-memory handler on a cluster without internet that fails (on the H200
+# of #30) or waits for a network timeout, so the observer draws them only when the script is already there.
+FLAMEGRAPH = Path("~/.cache/flamegraph.pl").expanduser()
+
+
+def flamegraphs_available() -> bool:
+    return FLAMEGRAPH.exists() and shutil.which("perl") is not None
+
+
 def _write(snapshot: dict, views: dict, name: Path) -> list[Path]:
-    """The pickled snapshot (view None) and each rendered view, at ``name`` + suffix."""
+    """The pickled snapshot (view None) and each rendered view, at ``name`` + suffix: the files written. A view that
+    cannot be drawn is logged and skipped, so it never costs the others (the pickle, written first, holds it all)."""
     written = []
     for suffix, render in views.items():
         path = Path(f"{name}{suffix}")
-        if render is None:
-            path.write_bytes(pickle.dumps(snapshot))
-        else:
-            path.write_text(render(snapshot))
+        try:
+            if render is None:
+                path.write_bytes(pickle.dumps(snapshot))
+            else:
+                path.write_text(render(snapshot))
+        except Exception as error:  # noqa: BLE001 - one view's renderer failing must not lose the other files
+            log.error("could not write %s: %s", path, error)
+            path.unlink(missing_ok=True)
+            continue
         written.append(path)
     return written
 
