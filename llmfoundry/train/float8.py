@@ -47,16 +47,27 @@ def convert(model: nn.Module, blocks: list[nn.Module], fsdp_all_gather: bool, tp
         raise ConfigError(f"precision: amp_fp8 trains through torchao, which is not installed ({FLOAT8_INSTALL})") \
             from None
     inside = {id(m) for block in blocks for m in block.modules()}
-    converted: list[str] = []
+    originals: dict[str, nn.Module] = {}
 
     def chosen(module: nn.Module, name: str) -> bool:
         if float8_eligible(module, inside):
-            converted.append(name)
+            originals[name] = module
             return True
         return False
 
     config = Float8LinearConfig(enable_fsdp_float8_all_gather=fsdp_all_gather)
     convert_to_float8_training(model, config=config, module_filter_fn=chosen)
+    # The new modules lack what the model set on its Linears (MPT: _is_residual, _fused_splits), which its
+    # initialiser reads when a meta model is materialised after this: without them out_proj and down_proj would
+    # miss their residual scaling. Copied over, so amp_fp8 starts from the very values amp_bf16 does.
+    standard = set(vars(nn.Linear(1, 1, device="meta")))
+    converted: list[str] = []
+    for name, module in model.named_modules():
+        if name in originals:
+            converted.append(name)
+            for key, value in vars(originals[name]).items():
+                if key not in standard and key not in vars(module):
+                    setattr(module, key, value)
     if not converted:
         notice_once(f"precision: amp_fp8: {type(model).__name__} has no Linear layer in its blocks with both "
                     f"dimensions multiples of {MULTIPLE}, so nothing computes in float8 (it trains as amp_bf16)")

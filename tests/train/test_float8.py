@@ -72,6 +72,23 @@ def test_fsdp_float8_all_gather_wraps_the_weights_of_a_meta_model_that_materiali
     assert weight.std() > 0
 
 
+@pytest.mark.parametrize("fused_qkv", [True, False])
+def test_a_meta_model_converted_to_float8_starts_from_the_values_of_an_fp32_one(fused_qkv):
+    """MPT's initialiser reads attributes of its Linears (_is_residual: out_proj and down_proj scaled down;
+    _fused_splits); the float8 modules must carry them, or a meta-built amp_fp8 run starts elsewhere."""
+    params = []
+    for name in ("fp32", "amp_fp8"):
+        with torch.device("meta"):
+            model = tiny_model(n_layers=2, d_model=64, n_heads=4, attn_config={"fused_qkv": fused_qkv},
+                               init_config={"name": "xavier_uniform_", "init_gain": 1.0})
+        parallel.parallelize(model.train(), fsdp=None, compile_cfg=None, precision=name, device=CPU, world_size=1,
+                             seed=0)
+        params.append(dict(model.named_parameters()))
+    assert any(type(m).__name__ == "Float8Linear" for m in model.modules())
+    for key, value in params[0].items():
+        assert torch.equal(value, params[1][key]), key
+
+
 def test_float8_training_on_cpu_follows_the_fp32_run(recipe, monkeypatch):
     """The whole trainer path of amp_fp8 (float8 hardware pretended): the blocks compute in float8, the loss
     follows the fp32 run's within float8's error (amp_bf16 would run as fp32 here, without a bf16 GPU)."""
