@@ -11,7 +11,8 @@ leaves its output layer too: float8 there costs accuracy for little speed), and 
 out features are not multiples of 16, which float8 matmuls (``torch._scaled_mm``) need.
 
 Under FSDP2, float8 all-gather (``enable_fsdp_float8_all_gather``) casts the weight shards to float8 before they
-are gathered: half the all-gather bytes of bf16.
+are gathered: half the all-gather bytes of bf16. Their parameters are then torchao tensor subclasses; state dicts
+hold the plain tensors inside them (see ``_plain_weight``).
 
 Whether this machine can train in float8 at all (a CUDA GPU of compute capability 8.9 or newer, torchao installed)
 is checked before anything is built: core/precision.supported_precision.
@@ -19,7 +20,9 @@ is checked before anything is built: core/precision.supported_precision.
 
 from __future__ import annotations
 
+import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.core.notices import notice_once
@@ -32,6 +35,29 @@ def float8_eligible(module: nn.Module, inside_blocks: set[int]) -> bool:
     """Whether ``module`` is a Linear that float8 training converts (see the module docstring)."""
     return (type(module) is nn.Linear and id(module) in inside_blocks and module.in_features % MULTIPLE == 0
             and module.out_features % MULTIPLE == 0)
+
+
+def _plain(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` without torchao's all-gather wrapper (same storage): the plain tensor the wrapper holds."""
+    if isinstance(tensor, DTensor):
+        local = tensor.to_local()
+        inner = getattr(local, "_tensor", None)
+        if type(local) is torch.Tensor or inner is None:
+            return tensor
+        return DTensor.from_local(inner, tensor.device_mesh, tensor.placements, run_check=False,
+                                  shape=tensor.shape, stride=tensor.stride())
+    inner = getattr(tensor, "_tensor", None)
+    return tensor if type(tensor) is torch.Tensor or inner is None else inner
+
+
+def _plain_weight(module: nn.Module, state_dict: dict, prefix: str, local_metadata) -> None:
+    """State dicts (checkpoints, exports) hold the plain weight, not the float8 all-gather wrapper: DCP pickles a
+    tensor subclass with its class, so a checkpoint would otherwise load only where torchao is imported (not in
+    ``llmfoundry convert`` or an amp_bf16 run). The plain tensor shares the parameter's storage, so loading into
+    the state dict in place (DCP) still fills the parameter."""
+    key = prefix + "weight"
+    if key in state_dict:
+        state_dict[key] = _plain(state_dict[key])
 
 
 def convert(model: nn.Module, blocks: list[nn.Module], fsdp_all_gather: bool, tp: bool = False) -> list[str]:
@@ -68,6 +94,9 @@ def convert(model: nn.Module, blocks: list[nn.Module], fsdp_all_gather: bool, tp
             for key, value in vars(originals[name]).items():
                 if key not in standard and key not in vars(module):
                     setattr(module, key, value)
+    if fsdp_all_gather:
+        for name in converted:
+            model.get_submodule(name).register_state_dict_post_hook(_plain_weight)
     if not converted:
         notice_once(f"precision: amp_fp8: {type(model).__name__} has no Linear layer in its blocks with both "
                     f"dimensions multiples of {MULTIPLE}, so nothing computes in float8 (it trains as amp_bf16)")

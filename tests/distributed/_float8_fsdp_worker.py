@@ -55,7 +55,11 @@ folder = Path(sys.argv[1]).parent / "float8_dcp"  # argv[1]: the job's (unused) 
 with torch.no_grad():
     for p in sharded.parameters():
         p.mul_(1.5)  # values the fresh models' initialisation cannot have
-dcp.save(sharded.state_dict(), checkpoint_id=folder)
+saved = sharded.state_dict()
+wrapped_kinds = {type(t.to_local()).__name__ for t in saved.values()} - {"Tensor"}
+if wrapped_kinds:  # DCP would pickle them with their class: readable only where torchao is imported
+    sys.exit(f"rank {rank}: the state dict holds {wrapped_kinds}, not plain tensors")
+dcp.save(saved, checkpoint_id=folder)
 for precision in ("amp_fp8", "fp32"):
     fresh, _ = built(world, precision)
     state = fresh.state_dict()
