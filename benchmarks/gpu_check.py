@@ -68,6 +68,20 @@ class Check:
         return path
 
 
+def prepare_data(c: Check, seq: int, timeout: float) -> str | None:
+    """The quickstart's data at ``seq`` (one batch of a 1-layer model: prepare_data builds the tokenizer and the
+    shards) unless it is there; outside every section's timer. None when ready, else what went wrong."""
+    folder = Path(c.data_at(seq))
+    if (folder / "train" / "index.json").exists():
+        return None
+    code, output = mfu.train([f"variables.data_local={folder}", f"variables.max_seq_len={seq}", "eval_first=false",
+                              "eval_interval=0", "~icl_tasks", "~eval_gauntlet", "progress_bar=false",
+                              "max_duration=1ba", "save_folder=null", "model.n_layers=1",
+                              "global_train_batch_size=1", "device_train_microbatch_size=1", *c.extra], timeout)
+    return None if code == 0 else f"preparing {folder}: " + ("timeout" if code is None else
+                                                             mfu.classify_failure(code, output))
+
+
 # ----- sections -----
 def quickstart(c: Check, timeout: float) -> str:
     jsonl = c.jsonl("quickstart")
@@ -129,7 +143,7 @@ def stall(c: Check, timeout: float) -> str:
         code, output = mfu.train(_stall_overrides(c, save_async, jsonl), per_run, jsonl.with_suffix(".log"))
         if code != 0:
             return f"## Save stall\n\nsave_async={save_async}: " + (
-                "timeout" if code is None else mfu.classify_failure(code, output))
+                f"timeout after {per_run:.0f} s" if code is None else mfu.classify_failure(code, output))
         seconds[save_async] = mfu.batch_seconds(mfu.read_jsonl(jsonl))
     saves = [4, 8]  # save_interval 4ba over 12 batches: the save at 12 is the final one, after the last batch
     quiet = [t for b, t in seconds[False].items() if b > 2 and b not in (5, 9)]  # no save just before them
@@ -158,7 +172,7 @@ def resume(c: Check, timeout: float) -> str:
     code, output = mfu.train(overrides + ["save_folder=null", f"load_path={checkpoint}"], timeout,
                              jsonl.with_suffix(".log"))
     if code != 0:
-        return "## Resume from an async checkpoint\n\n" + ("timeout" if code is None else
+        return "## Resume from an async checkpoint\n\n" + (f"timeout after {timeout:.0f} s" if code is None else
                                                               mfu.classify_failure(code, output))
     resumed = {int(r["step"]): r["loss/train/total"] for r in mfu.read_jsonl(jsonl)}
     rows = [(b, _num(uninterrupted.get(b)), _num(resumed.get(b)),
@@ -174,13 +188,15 @@ def resume(c: Check, timeout: float) -> str:
 
 def gpu_test_files() -> list[str]:
     """Test files that use the gpu marker (collecting only these keeps unrelated imports out of the check)."""
-    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")
-                  if "mark.gpu" in p.read_text())
+    marked = re.compile(r"^\s*@pytest\.mark\.gpu\b|^pytestmark\b.*\bmark\.gpu\b", re.MULTILINE)
+    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py") if marked.search(p.read_text()))
 
 
 def tests(c: Check, timeout: float) -> str:
     files = gpu_test_files()
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "-rfEs", *files]
+    # --timeout (pytest-timeout, packed): one hanging test fails alone instead of taking the section's time
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "-rfEs", "--timeout",
+           str(int(max(10, timeout / 3))), *files]
     try:
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
         output = proc.stdout + proc.stderr
@@ -190,8 +206,10 @@ def tests(c: Check, timeout: float) -> str:
     (c.work / "tests.log").write_text(output)
     summary = [line for line in output.splitlines() if re.search(r"\d+ (passed|failed|skipped|deselected|error)", line)]
     detail = [line[:300] for line in output.splitlines() if line.startswith(("FAILED", "ERROR", "SKIPPED"))][:30]
+    if not summary:  # cut short: what it had printed last tells where
+        detail += ["(no summary; the output ended with:)"] + [line[:300] for line in output.splitlines()[-12:]]
     return ("## CUDA tests (`pytest -m gpu` over the files that use the marker)\n\n"
-            f"`{' '.join(cmd[1:])}`\n\n" + "```\n" + "\n".join(detail + summary[-1:] or ["(no summary)"]) + "\n```")
+            f"`pytest {' '.join(cmd[3:])}`\n\n" + "```\n" + "\n".join(detail + summary[-1:]) + "\n```")
 
 
 PLAN_LINE = {"peak": re.compile(r"^\s*peak\s+([\d.]+) GiB"),
@@ -273,12 +291,12 @@ GPU_ROWS = ("eager", "compile", "compile mb16", "compile mb16 + fp8")
 DRY_ROWS = ("eager", "microbatch 8")
 
 SECTIONS = [  # (name, function, seconds on a GPU, seconds in the dry run), in order of priority
-    ("quickstart", quickstart, 60, 120),
-    ("tests", tests, 60, 90),
-    ("stall", stall, 70, 120),
+    ("stall", stall, 110, 150),  # two 350M runs of 12 batches; a synchronous save there takes about 7 s
     ("resume", resume, 30, 60),
-    ("shapes", shapes, 270, 90),  # gets what the sections above left; hf after it only what remains
-    ("hf", hf, 50, 90),
+    ("tests", tests, 90, 90),
+    ("shapes", shapes, 230, 90),  # about 35 s a row on an H200 (compiling included)
+    ("quickstart", quickstart, 45, 120),
+    ("hf", hf, 45, 90),
 ]
 
 
@@ -296,6 +314,9 @@ def main(argv: list[str] | None = None) -> int:
     c.work.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     want_plan = args.only is None or "plan" in args.only
+    for seq in sorted({128, c.seq}):  # normally packed (gpu_check.sh --pack); the dry run makes its own
+        if (problem := prepare_data(c, seq, 180)) is not None:
+            c.append(f"## data\n\n{problem}")
     with ThreadPoolExecutor(max_workers=1) as background:
         planned = background.submit(plan_estimates, c, c.rows, 120) if want_plan else None
         for name, section, gpu_s, dry_s in SECTIONS:

@@ -13,6 +13,8 @@
 #      .gpu/ is git-ignored, so it travels only when carried: the device tool's carry: [".gpu"], 64 MiB at most).
 #   2. there, from the project root:   bash benchmarks/gpu_check.sh
 #      puts .gpu/site and the tree on PYTHONPATH; results and logs are copied to $OUT when it is set.
+#      GPU_CHECK_BUDGET=SECONDS (default 460) and GPU_CHECK_ONLY="stall resume tests shapes quickstart hf plan"
+#      cut a run to a shorter lease or to some sections.
 # CI and tests:                        bash benchmarks/gpu_check.sh --cpu-dry-run
 #      the same pipeline at tiny shapes in fp32 on the CPU, results in .gpu/gpu_cpu_dry_run.md (or $GPU_CHECK_RESULTS).
 set -u
@@ -84,13 +86,14 @@ mkdir -p "$(dirname "$RESULTS")" "$GPU_DIR/work"
 } > "$RESULTS"
 # the outer timeout is a last guard: gpu_check.py keeps every section inside BUDGET by itself
 timeout -k 10 $((BUDGET + 60)) python3 benchmarks/gpu_check.py "${MODE[@]}" --results "$RESULTS" --budget "$BUDGET" \
-  --work "$GPU_DIR/work" --data "$GPU_DIR/data" --gpu-kind "$KIND"
+  --work "$GPU_DIR/work" --data "$GPU_DIR/data" --gpu-kind "$KIND" ${GPU_CHECK_ONLY:+--only $GPU_CHECK_ONLY}
 rc=$?
 echo "_total: $(( $(date +%s) - T0 )) s, exit ${rc}_" >> "$RESULTS"
 if [ -n "${OUT:-}" ]; then
   cp "$RESULTS" "$OUT/"
-  mkdir -p "$OUT/logs" && find "$GPU_DIR/work" -maxdepth 2 \( -name '*.log' -o -name '*.jsonl' -o -name '*.json' \) \
-    -size -2M -exec cp {} "$OUT/logs/" \; 2>/dev/null
+  # one archive: the device tool brings back only a few files
+  (cd "$GPU_DIR/work" && find . -maxdepth 2 \( -name '*.log' -o -name '*.jsonl' -o -name '*.json' \) -size -2M -print0 \
+    | xargs -0 tar -czf "$OUT/gpu_check_logs.tar.gz")
 fi
 echo "results: $RESULTS"
 exit $rc

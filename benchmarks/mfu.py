@@ -145,6 +145,7 @@ def summarise(records: list[dict], warmup: int) -> dict:
     bps = median("throughput/batches_per_sec")
     peaks = [r["memory/peak_allocated_mem"] for r in records if "memory/peak_allocated_mem" in r]
     return dict(tok_s=median("throughput/device/tokens_per_sec"), mfu=median("throughput/device/mfu"),
+                flops=median("throughput/device/flops_per_sec"),
                 step_s=1.0 / bps if bps else None, peak_gb=max(peaks) if peaks else None,
                 losses={int(r["step"]): r["loss/train/total"] for r in records if "loss/train/total" in r})
 
@@ -175,7 +176,7 @@ def train(overrides: list[str], timeout: float, log: Path | None = None) -> tupl
 
 
 def run_row(row: Row, *, data: str, seq: int, precision: str, batches: int, warmup: int, timeout: float,
-            work: Path, extra: list[str] = ()) -> Result:
+            work: Path, extra: list[str] = (), bf16_peak: float | None = None) -> Result:
     jsonl = work / f"{row.shape}-{row.name.replace(' ', '_').replace('+', 'p')}.jsonl"
     jsonl.unlink(missing_ok=True)
     overrides = base_overrides(data, seq, precision, batches, str(jsonl)) + shape_overrides(row.shape) + list(extra)
@@ -187,7 +188,12 @@ def run_row(row: Row, *, data: str, seq: int, precision: str, batches: int, warm
     stats = summarise(read_jsonl(jsonl), warmup)
     if stats["tok_s"] is None:
         return Result(row, status=f"failed (no throughput after batch {warmup}: raise --batches)")
-    return Result(row, **stats)
+    flops, status = stats.pop("flops"), "ok"
+    if stats["mfu"] is None and flops and bf16_peak:
+        # speed_monitor knows no peak for this precision (amp_fp8): MFU against the bf16 peak, as torchtitan
+        # reports its float8 runs, so that it compares with the bf16 rows
+        stats["mfu"], status = flops / bf16_peak, "ok (MFU against the bf16 peak)"
+    return Result(row, status=status, **stats)
 
 
 # ----- transformers' MptForCausalLM at the same shape (run in a process of its own by --hf-only) -----
@@ -336,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
             r = Result(row, status="skipped (out of the time budget)")
         else:
             r = run_row(row, data=data, seq=seq, precision=precision, batches=args.batches, warmup=args.warmup,
-                        timeout=budget, work=work, extra=args.set)
+                        timeout=budget, work=work, extra=args.set, bf16_peak=_bf16_peak())
         results.append(r)
         if args.json:  # after every row: what ran is kept if a later row hangs past an outer timeout
             _write_json(args.json, results)
@@ -379,6 +385,14 @@ def _write_json(path: str, results: list[Result]) -> None:
 def _microbatch(overrides: list[str]) -> int:
     values = [int(o.split("=", 1)[1]) for o in overrides if o.startswith("device_train_microbatch_size=")]
     return values[-1] if values else BATCH
+
+
+def _bf16_peak() -> float | None:
+    import torch
+
+    from llmfoundry.train.callbacks.speed_monitor import device_peak_flops
+
+    return device_peak_flops(torch.device("cuda"), "amp_bf16") if torch.cuda.is_available() else None
 
 
 def _cuda_available() -> bool:

@@ -126,7 +126,7 @@ def test_the_cpu_dry_run_writes_every_section_end_to_end(tmp_path):
                     "## Shapes through `llmfoundry train`", "## Against transformers'", "## `llmfoundry plan"):
         assert heading in text, heading
     assert "| exit | ok |" in text  # the quickstart
-    assert "skipped" not in text.split("## CUDA tests")[0] and "timeout" not in text, text
+    assert "skipped: out of" not in text and "timeout after" not in text and "| exit | timeout |" not in text, text
     assert "max |difference| 0.00e+00 over 4 batches (4 bitwise equal); first batch 9" in text
     assert "save_async stall / synchronous stall" in text
     assert "| tiny | eager | 0." in text and "ok / ok" in text  # plan against the measured eager row
