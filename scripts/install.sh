@@ -28,7 +28,10 @@ echo "installing llmfoundry${1:+[$1]} (keeping torch ${torch_version})"
 
 case ",${1:-}," in
   *,dev,*) # the Azure tests' emulator (npm); without npm they skip, saying so
-    if azurite="$(bash tests/setup_azurite.sh)"; then echo "azurite: $azurite"; else echo "azurite not installed"; fi;;
+    if azurite="$(bash tests/setup_azurite.sh)"; then echo "azurite: $azurite"; else echo "azurite not installed"; fi
+    # torchao (the float8 extra) beside the environment, not in it: installed, transformers would import it in every
+    # process that loads a model (1-2 s each); the float8 tests find it here (tests/helpers.FLOAT8_LIBRARIES)
+    "${PIP[@]}" --no-deps --upgrade --target .extras/float8 "torchao>=0.18";;
 esac
 
 if "$PY" -m pip show torchvision >/dev/null 2>&1 && ! "$PY" -c "import torchvision" >/dev/null 2>&1; then

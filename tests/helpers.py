@@ -201,3 +201,23 @@ def upload_split(mds_root: Path, split: str, url: str) -> None:
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
         objectstore.write_bytes(f"{url}/{split}/{path.relative_to(folder).as_posix()}", path.read_bytes(),
                                 stores=objectstore.DATA_STORES)
+
+
+# torchao (the float8 extra) stays out of the test environment itself: once installed, transformers imports it in
+# every process that loads a model (1-2 s each). scripts/install.sh dev puts it in this folder; only the float8
+# tests, and the ranks they start, look there.
+FLOAT8_LIBRARIES = Path(__file__).resolve().parents[1] / ".extras" / "float8"
+
+
+def make_torchao_importable() -> None:
+    """Make ``import torchao`` work in this process: installed, or from scripts/install.sh's FLOAT8_LIBRARIES."""
+    import importlib.util
+    import sys
+
+    if importlib.util.find_spec("torchao") is not None:
+        return
+    if not (FLOAT8_LIBRARIES / "torchao").is_dir():
+        raise RuntimeError(f"torchao is needed by the float8 tests: run `bash scripts/install.sh dev` (it puts torchao "
+                           f"in {FLOAT8_LIBRARIES}) or pip install 'llmfoundry[float8]'")
+    sys.path.insert(0, str(FLOAT8_LIBRARIES))
+    importlib.invalidate_caches()

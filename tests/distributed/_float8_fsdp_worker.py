@@ -14,7 +14,10 @@ import torch.distributed.checkpoint as dcp
 from llmfoundry.train import parallel
 from llmfoundry.train.recipe import validate
 from llmfoundry.train.settings import FSDPConfig
+from tests.helpers import make_torchao_importable
 from tests.models.helpers import tiny_model
+
+make_torchao_importable()
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()

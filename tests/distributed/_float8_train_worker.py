@@ -4,6 +4,9 @@ casts and matmuls run on CPU; only the speed needs a GPU), everything else is th
 import sys
 
 from llmfoundry.core import precision
+from tests.helpers import make_torchao_importable
+
+make_torchao_importable()
 
 precision.float8_supported = lambda device: True  # noqa: E731 - the one thing a CPU lacks for amp_fp8
 

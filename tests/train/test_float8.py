@@ -25,6 +25,18 @@ REPO = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")
 
 
+@pytest.fixture(autouse=True)
+def _torchao(monkeypatch):
+    """torchao importable for this test (tests.helpers.FLOAT8_LIBRARIES), and for this test only."""
+    import importlib.util
+
+    if importlib.util.find_spec("torchao") is None:
+        from tests.helpers import FLOAT8_LIBRARIES, make_torchao_importable
+
+        monkeypatch.syspath_prepend(str(FLOAT8_LIBRARIES))
+        make_torchao_importable()  # says how to install it when it is missing
+
+
 class Toy(nn.Module):
     """Two blocks of Linears (one with a width float8 cannot take) and an output head outside them."""
 
