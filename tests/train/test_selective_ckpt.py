@@ -147,14 +147,14 @@ def test_compile_scope_is_checked_with_the_recipe():
         validate({"scope": "blocks"}, CompileConfig)
 
 
-@pytest.mark.slow  # inductor compiles forward and backward of the whole model: ~10 s warm, ~100 s cold on 2 cores
-@pytest.mark.timeout(600)
-def test_whole_model_compile_matches_eager():
+def test_whole_model_compile_compiles_the_model_not_each_block():
+    """scope: model (aot_eager: the compile path without inductor's C++ kernels, a minute and more cold on 2 cores;
+    inductor's numbers are a GPU matter, benchmarks/gpu_check.sh)."""
     eager_loss, eager_grads = _loss_and_grads(_model(None, n_layers=1))
-    model = _model(None, n_layers=1, compile_cfg={"scope": "model"})
+    model = _model(None, n_layers=1, compile_cfg={"scope": "model", "backend": "aot_eager"})
     assert model._compiled_call_impl is not None  # the whole model, not each block
     assert all(getattr(b, "_compiled_call_impl", None) is None for b in model.blocks())
     loss, grads = _loss_and_grads(model)
-    assert abs(loss.item() - eager_loss.item()) < 1e-5
+    assert torch.equal(loss, eager_loss)
     for name in grads:
-        torch.testing.assert_close(grads[name], eager_grads[name], rtol=1e-4, atol=1e-5, msg=name)
+        assert torch.equal(grads[name], eager_grads[name]), name
