@@ -23,12 +23,13 @@ from llmfoundry.train.state import TrainState
 from llmfoundry.train.host_sums import host_sum
 
 # Dense peak FLOP/s per device family and trainer precision, as Composer's table has them (datasheets' sparse
-# figures halved). fp32 is plain fp32, not TF32.
-_H100_SXM = {"fp32": 67e12, "amp_bf16": 989.5e12, "amp_fp16": 989.5e12, "bf16": 989.5e12}
+# figures halved). fp32 is plain fp32, not TF32. amp_fp8's MFU is against the float8 peak, as Composer reports it
+# (llm-foundry's amp_fp8): the same run's bf16-peak figure is twice as high.
+_H100_SXM = {"fp32": 67e12, "amp_bf16": 989.5e12, "amp_fp16": 989.5e12, "bf16": 989.5e12, "amp_fp8": 1979e12}
 PEAK_FLOPS = {
     "h200-sxm": _H100_SXM,
     "h100-sxm": _H100_SXM,
-    "h100-pcie": {"fp32": 51e12, "amp_bf16": 756.5e12, "amp_fp16": 756.5e12, "bf16": 756.5e12},
+    "h100-pcie": {"fp32": 51e12, "amp_bf16": 756.5e12, "amp_fp16": 756.5e12, "bf16": 756.5e12, "amp_fp8": 1513e12},
     "a100": {"fp32": 19.5e12, "amp_bf16": 312e12, "amp_fp16": 312e12, "bf16": 312e12},
     "a10": {"fp32": 31.2e12, "amp_bf16": 125e12, "amp_fp16": 125e12, "bf16": 125e12},
     "v100-sxm": {"fp32": 15.7e12, "amp_fp16": 125e12},
