@@ -183,8 +183,8 @@ def write_snapshot(
 
     ``publish=False`` writes straight into ``folder/name`` with no rename, ``latest`` or retention: used for the
     staging folder of an s3:// save_folder, where the upload's completion marker plays that role. ``group``: the
-    process group of every collective here (train.async_save writes from a thread with a group of its own, so
-    that its collectives never interleave with the training loop's).
+    process group of every collective here (save_async's writer processes, train.checkpoint_writer, pass None:
+    their default group is a gloo group of the writers alone, so their collectives never meet the training loop's).
     """
     folder = Path(folder)
     final = folder / name

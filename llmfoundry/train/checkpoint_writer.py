@@ -249,9 +249,9 @@ def main(argv: list[str]) -> int:
     _die_with_parent(parent)
     for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2"):  # the training process decides when to stop
         signal.signal(getattr(signal, name), signal.SIG_IGN)
-    # Background work: where cores are short, the training process (which launches the GPU's kernels) comes first;
-    # a write that cannot finish before the next save is waited for there, so nothing is lost by yielding.
-    os.nice(19)
+    # Background work: where cores are short, the training process (which launches the GPU's kernels) comes first.
+    # Only 5: at 10 or 19, on a host whose cores are all busy, the write starved until the next save waited for it.
+    os.nice(5)
     with socket.socket(fileno=fd) as sock:
         try:
             serve(sock)
