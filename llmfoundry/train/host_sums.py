@@ -38,3 +38,13 @@ def host_sum(value, dtype: torch.dtype = torch.int64):
     with dist.collective("all_reduce (sum) of host numbers"):
         tdist.all_reduce(tensor, op=tdist.ReduceOp.SUM, group=host_group())
     return tensor.tolist()[0]
+
+
+def host_sums(values: list[int]) -> list[int]:
+    """Each of ``values`` (ints) summed over every rank, on the host, in one collective."""
+    if not tdist.is_initialized() or tdist.get_world_size() == 1:
+        return list(values)
+    tensor = torch.tensor(values, dtype=torch.int64)
+    with dist.collective("all_reduce (sum) of host numbers"):
+        tdist.all_reduce(tensor, op=tdist.ReduceOp.SUM, group=host_group())
+    return tensor.tolist()

@@ -24,10 +24,10 @@ import threading
 import time
 from pathlib import Path
 
-import torch
 
 from llmfoundry.core import dist
 from llmfoundry.core.notices import notice_once
+from llmfoundry.train.host_sums import host_sums
 from llmfoundry.train.preemption_protocol import (
     CANCEL_EXIT_CODE,
     EXIT_FILE_ENV,
@@ -43,11 +43,9 @@ log = logging.getLogger(__name__)
 class Preemption:
     """The stop flag: set by signals, the flag file or the deadline; agreed on by all ranks."""
 
-    def __init__(self, signal_name: str | None, check_interval: int, exit_before_walltime=None,
-                 device: torch.device | None = None, environ=None):
+    def __init__(self, signal_name: str | None, check_interval: int, exit_before_walltime=None, environ=None):
         environ = os.environ if environ is None else environ
         self.check_interval = max(1, int(check_interval))
-        self.device = device or torch.device("cpu")
         self.requeue_signal = signal_number(signal_name) if signal_name else None
         self.flag_file = environ.get(FLAG_FILE_ENV) or None
         self.exit_file = environ.get(EXIT_FILE_ENV) or None
@@ -109,8 +107,9 @@ class Preemption:
         if step % self.check_interval:
             return None
         reason = self.local_reason()
-        votes = torch.tensor([float(reason == "requeue"), float(reason == "cancel")], device=self.device)
-        requeue, cancel = dist.all_reduce_sum(votes).tolist()
+        # summed on the host (a gloo group beside NCCL): no device sync, and a process group made by someone else
+        # with NCCL alone (Ray Train's, even for one worker) has no CPU backend for a CPU tensor
+        requeue, cancel = host_sums([int(reason == "requeue"), int(reason == "cancel")])
         return "cancel" if cancel > 0 else "requeue" if requeue > 0 else None
 
     def exit_code(self, reason: str) -> int:

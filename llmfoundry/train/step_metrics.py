@@ -58,6 +58,20 @@ class Derived:
     def __repr__(self) -> str:
         return f"Derived({float(self)!r})"
 
+    def __round__(self, ndigits: int | None = None):
+        return round(float(self), ndigits)
+
+
+# A callback (a plugin's too) may compare or compute with a metric as with the float it used to be: each operation
+# reads it (a device sync), as float(value) does.
+for _name in ("lt", "le", "gt", "ge", "eq", "ne", "add", "radd", "sub", "rsub", "mul", "rmul", "truediv",
+              "rtruediv", "pow", "rpow"):
+    setattr(Derived, f"__{_name}__", (lambda op: lambda self, other: getattr(float(self), op)(
+        float(other) if isinstance(other, Derived) else other))(f"__{_name}__"))
+Derived.__neg__ = lambda self: -float(self)  # type: ignore[method-assign]
+Derived.__abs__ = lambda self: abs(float(self))  # type: ignore[method-assign]
+Derived.__hash__ = None  # type: ignore[assignment]  # compared by value, like the float it stands for
+
 
 def read_tensors(tensors: list[torch.Tensor]) -> dict[int, list[float]]:
     """{id(tensor): its values as floats}: one concatenation and one device-to-host transfer for all of them."""

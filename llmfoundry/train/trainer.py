@@ -106,11 +106,9 @@ class Trainer:
         self.checkpointer = checkpointer.Checkpointer(cfg.save_folder, cfg.checkpoint_upload,
                                                     keep=cfg.save_num_checkpoints_to_keep,
                                                     overwrite=cfg.save_overwrite, save_async=cfg.save_async)
-        # its votes are summed over ranks on the host when gloo can (one process, or a CPU run): no device sync
-        vote_device = self.device if self.dist.world_size > 1 and self.device.type != "cpu" else torch.device("cpu")
+        step_metrics.host_group()  # every rank together: the gloo group of host sums (token counts, preemption votes)
         self.preemption = preemption.Preemption(  # stop cleanly when asked to
-            cfg.preemption_signal, cfg.preemption_check_interval, cfg.exit_before_walltime, vote_device)
-        step_metrics.host_group()  # every rank together: the gloo group of host sums (a token count per batch)
+            cfg.preemption_signal, cfg.preemption_check_interval, cfg.exit_before_walltime)
 
         self.train_loader = build_dataloader(cfg.train_loader, self.tokenizer, self.device_batch_size, "train_loader",
                                          self.data_share)

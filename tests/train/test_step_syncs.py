@@ -221,3 +221,13 @@ def test_adamw_is_fused_on_cuda_and_matches_the_loop_closely():
             opt.zero_grad()
         results[device] = model.weight.detach().cpu()
     torch.testing.assert_close(results["cuda"], results["cpu"], rtol=1e-5, atol=1e-6)
+
+
+def test_a_derived_metric_computes_and_compares_like_the_float_it_stands_for():
+    """A plugin callback's arithmetic on a metric keeps working now that metrics are read lazily."""
+    from llmfoundry.train.step_metrics import Derived
+
+    value = Derived([torch.tensor(2.0), torch.tensor(0.5)], lambda total, lbl: total - lbl)
+    assert value > 1 and value <= 1.5 and value == 1.5 and not value < 1.5
+    assert (value - 1, 1 - value, value * 2, 3 / value, value + value) == (0.5, -0.5, 3.0, 2.0, 3.0)
+    assert (round(value, 2), -value, abs(value), f"{value:.2f}") == (1.5, -1.5, 1.5, "1.50")

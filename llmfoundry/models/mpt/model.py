@@ -83,6 +83,13 @@ class MPTModel(nn.Module):
         # ALiBi slopes are a pure function of the config: not a parameter and not saved.
         self.slopes = alibi_slopes(arch.n_heads, a.alibi_bias_max, device="cpu") if a.alibi else None
 
+    def _slopes_on(self, device: torch.device) -> torch.Tensor | None:
+        """The ALiBi slopes on ``device``, copied there once: a copy from (pageable) host memory in every forward
+        would wait for the GPU to finish what is queued."""
+        if self.slopes is not None and self.slopes.device != device:
+            self.slopes = self.slopes.to(device)
+        return self.slopes
+
     def forward(
         self,
         input_ids: torch.Tensor,  # (B, T)
@@ -117,8 +124,9 @@ class MPTModel(nn.Module):
 
         dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
         q_pos = torch.arange(past, past + T, device=x.device)
+        slopes = self._slopes_on(x.device)
         masks = {  # one mask per sliding window in use (block_overrides may give layers different windows)
-            window: AttentionMask.build(q_pos, past + T, attention_mask, sequence_id, self.slopes, window, dtype,
+            window: AttentionMask.build(q_pos, past + T, attention_mask, sequence_id, slopes, window, dtype,
                                         self.blocks[0].attn.flex_mode(x))
             for window in set(self.windows)
         }

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from llmfoundry.train.state import TrainState
@@ -9,6 +11,10 @@ from llmfoundry.train.state import TrainState
 
 class Callback:
     """Override the events you need. ``metrics`` dicts may be extended in place: what a callback adds is logged.
+
+    A training batch's metrics are not read from the device until a log interval (train/step_metrics.py): their
+    values are floats, 0-d device tensors or ``Derived`` values. ``float(value)`` (or comparing, computing with
+    it) reads one at once, which waits for the GPU: do it only when the callback is enabled and needs the number.
 
     A callback whose state must survive a resume names it in ``state_name`` and implements ``state_dict()`` /
     ``load_state_dict(state)`` (tensors and plain types): checkpoints then hold it as a component of their own
@@ -28,10 +34,10 @@ class Callback:
         """Called after backward with the batch's global loss; True = skip this optimizer step."""
         return False
 
-    def on_optimizer_step(self, state: TrainState, metrics: dict[str, float]) -> None:
+    def on_optimizer_step(self, state: TrainState, metrics: dict[str, Any]) -> None:
         """After the optimizer step, while the (clipped, unscaled) gradients are still there; not on skipped steps."""
 
-    def on_batch_end(self, state: TrainState, metrics: dict[str, float]) -> None: ...
+    def on_batch_end(self, state: TrainState, metrics: dict[str, Any]) -> None: ...
 
     def on_eval_start(self, state: TrainState) -> None: ...
 
