@@ -34,6 +34,9 @@ __all__ = ["Derived", "MetricsLog", "host_group", "host_sum"]
 log = logging.getLogger(__name__)
 
 MAX_PENDING = 1000  # batches whose metrics wait on the device at most (a few small tensors each)
+# devices whose reads at a console interval wait for the next step (MetricsLog's lag); tests add "cpu" to run the
+# same bookkeeping without a GPU
+LAG_DEVICES = ("cuda",)
 
 
 class Derived:
@@ -91,16 +94,22 @@ def read_tensors(tensors: list[torch.Tensor]) -> dict[int, list[float]]:
     return read
 
 
-def resolve_metrics(pending: list[dict[str, Any]]) -> list[dict[str, float]]:
-    """Every pending metrics dict with its tensors and Derived values read as floats (one transfer in all)."""
+def _tensors_of(metrics: dict[str, Any]) -> list[torch.Tensor]:
+    """The device tensors a metrics dict's values are read from."""
     tensors: list[torch.Tensor] = []
-    for metrics in pending:
-        for value in metrics.values():
-            if isinstance(value, torch.Tensor):
-                tensors.append(value)
-            elif isinstance(value, Derived):
-                tensors.extend(value.tensors)
-    read = read_tensors(tensors)
+    for value in metrics.values():
+        if isinstance(value, torch.Tensor):
+            tensors.append(value)
+        elif isinstance(value, Derived):
+            tensors.extend(value.tensors)
+    return tensors
+
+
+def resolve_metrics(pending: list[dict[str, Any]], read: dict[int, list[float]] | None = None) -> list[dict[str, float]]:
+    """Every pending metrics dict with its tensors and Derived values as floats (``read``: the tensors' values by
+    id; default: read them now, in one transfer)."""
+    if read is None:
+        read = read_tensors([t for metrics in pending for t in _tensors_of(metrics)])
     out = []
     for metrics in pending:
         values = {}
@@ -116,33 +125,83 @@ def resolve_metrics(pending: list[dict[str, Any]]) -> list[dict[str, float]]:
 
 
 class MetricsLog:
-    """Batches' metrics waiting for the next log interval, handed to the loggers in order when flushed."""
+    """Batches' metrics waiting for the next log interval, handed to the loggers in order when read.
 
-    def __init__(self, loggers: list):
+    On a GPU a log interval does not stall the loop either (``lag``): the pending values are copied to pinned host
+    memory behind the step's kernels and read after the next step has been queued (``land``), so the device always
+    has the next step's work while the host waits; such a batch's console line comes one step late. Evaluations,
+    checkpoints, tables and the last batch read everything at once (``flush``)."""
+
+    def __init__(self, loggers: list, console: Callable[[dict[str, float], int], None] | None = None):
         self.loggers = loggers
-        self.pending: list[tuple[int, dict[str, Any]]] = []
+        self.console = console  # (values, step): prints a console batch's line once its values are read
+        self.pending: list[tuple[int, dict[str, Any], bool]] = []  # (step, metrics, has a console line)
+        self.staged: tuple[list, dict[int, tuple[int, int]], torch.Tensor, Any] | None = None  # copy in flight
         self.last: dict[str, float] = {}  # every key's newest logged value (what fit returns)
 
-    def log(self, step: int, metrics: dict[str, Any], flush: bool) -> dict[str, float] | None:
-        """Queue a batch's metrics; when ``flush``, log every queued batch and return this one's values."""
-        self.pending.append((step, metrics))
+    def log(self, step: int, metrics: dict[str, Any], flush: bool, console: bool = False,
+            lag: bool = False) -> dict[str, float] | None:
+        """Queue a batch's metrics; when ``flush``, log every queued batch and return this one's values (None when
+        ``lag`` defers the read of CUDA tensors to :meth:`land`)."""
+        self.pending.append((step, metrics, console))
+        if flush and lag and self._on_cuda():
+            self.land()
+            self._stage()
+            return None
         # a long console_log_interval (or none due for long) still reads the device now and then: the queued tensors
         # hold device memory
         return self.flush() if flush or len(self.pending) >= MAX_PENDING else None
 
+    def _on_cuda(self) -> bool:
+        return any(t.device.type in LAG_DEVICES for _, metrics, _ in self.pending for t in _tensors_of(metrics))
+
+    def _stage(self) -> None:
+        """Start the copy of every pending tensor to pinned host memory, behind what the device has queued."""
+        pending, self.pending = self.pending, []
+        unique = list({id(t): t for _, metrics, _ in pending for t in _tensors_of(metrics)}.values())
+        where, start = {}, 0
+        for t in unique:
+            where[id(t)] = (start, start + t.numel())
+            start += t.numel()
+        flat = torch.cat([t.detach().reshape(-1).to(torch.float64) for t in unique])
+        host = flat.to("cpu", non_blocking=True)  # into pinned memory: the host does not wait here
+        done = None
+        if flat.is_cuda:
+            done = torch.cuda.Event()
+            done.record()
+        self.staged = (pending, where, host, done)
+
+    def land(self) -> None:
+        """Log the staged batches once their copy has arrived (waits for that copy only, not for later steps)."""
+        if self.staged is None:
+            return
+        pending, where, host, done = self.staged
+        self.staged = None
+        if done is not None:
+            done.synchronize()
+        values = host.tolist()
+        self._hand_out(pending, {key: values[a:b] for key, (a, b) in where.items()})
+
     def flush(self) -> dict[str, float] | None:
         """Read every pending batch's metrics (one device sync), log them at their steps; the newest's values."""
+        self.land()
         if not self.pending:
             return None
         pending, self.pending = self.pending, []
-        resolved = resolve_metrics([metrics for _, metrics in pending])
-        for (step, _), values in zip(pending, resolved):
+        read = read_tensors([t for _, metrics, _ in pending for t in _tensors_of(metrics)])
+        return self._hand_out(pending, read)
+
+    def _hand_out(self, pending: list, read: dict[int, list[float]]) -> dict[str, float]:
+        resolved = resolve_metrics([metrics for _, metrics, _ in pending], read)
+        for (step, _, console), values in zip(pending, resolved):
             loss = values.get("loss/train/total")
             if loss is not None and not math.isfinite(loss):  # checked here, not in the step: no sync there
                 log.warning("non-finite training loss at batch %d", step)
             for logger in self.loggers:
                 logger.log_metrics(values, step=step)
             self.last.update(values)
+            if console and self.console is not None:
+                self.console(values, step)
         return resolved[-1]
 
     @contextlib.contextmanager
@@ -152,7 +211,7 @@ class MetricsLog:
         try:
             yield
         except BaseException:
-            steps = [step for step, _ in self.pending]
+            steps = [step for step, _, _ in self.pending]
             try:
                 self.flush()
             except Exception as error:  # the device may be what failed; the original error is the one to report

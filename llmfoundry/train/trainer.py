@@ -102,7 +102,9 @@ class Trainer:
         if cfg.profiler is not None:
             self.callbacks.append(TorchProfiler(cfg.profiler, self.run_name))
         self.loggers = build_named(registry.loggers, cfg.loggers, self.run_name) if self.dist.is_main else []
-        self.metrics_log = step_metrics.MetricsLog(self.loggers)  # batches' metrics until the next log interval
+        self.metrics_log = step_metrics.MetricsLog(  # batches' metrics until the next log interval
+            self.loggers, lambda values, step: self.state.print(step_metrics.console_line(values, step, self.max_batches))
+            if cfg.log_to_console else None)
         self.checkpointer = checkpointer.Checkpointer(cfg.save_folder, cfg.checkpoint_upload,
                                                     keep=cfg.save_num_checkpoints_to_keep,
                                                     overwrite=cfg.save_overwrite, save_async=cfg.save_async)
@@ -249,6 +251,7 @@ class Trainer:
             for device_batch in self.train_loader:
                 progressed = True
                 metrics = self.train_step(device_batch)
+                self.metrics_log.land()  # the previous interval's values, read now that this step is queued (GPU)
                 bar.update(1)
                 step = self.time.batch
                 if self.can_evaluate and self.intervals.periodic_eval and self._due_eval():
@@ -463,12 +466,11 @@ class Trainer:
         return path
 
     def _log(self, metrics: dict[str, Any], console: bool, flush: bool = False) -> dict[str, float] | None:
-        """Queue this batch's metrics; at a console interval (or ``flush``) log every queued batch and return this
-        one's values, read from the device in one transfer."""
-        values = self.metrics_log.log(self.time.batch, metrics, flush=console or flush)
-        if console and self.cfg.log_to_console:
-            self.state.print(step_metrics.console_line(values, self.time.batch, self.max_batches))
-        return values
+        """Queue this batch's metrics; at a console interval (or ``flush``) log every queued batch (and print this
+        one's line) and return this one's values, read from the device in one transfer. On a GPU a console interval
+        other than the last batch is read after the next step is queued (MetricsLog's lag): None then."""
+        lag = console and not flush and self.time.batch < self.max_batches
+        return self.metrics_log.log(self.time.batch, metrics, flush=console or flush, console=console, lag=lag)
 
     def flush_metrics(self) -> None:
         """Log the queued batches' metrics now (RunServices: before a callback logs a table at this step)."""

@@ -231,3 +231,28 @@ def test_a_derived_metric_computes_and_compares_like_the_float_it_stands_for():
     assert value > 1 and value <= 1.5 and value == 1.5 and not value < 1.5
     assert (value - 1, 1 - value, value * 2, 3 / value, value + value) == (0.5, -0.5, 3.0, 2.0, 3.0)
     assert (round(value, 2), -value, abs(value), f"{value:.2f}") == (1.5, -1.5, 1.5, "1.50")
+
+
+def test_console_intervals_read_a_step_late_on_a_gpu_with_the_same_lines_and_values(mds_root, tokenizer_dir,
+                                                                                  monkeypatch, capsys):
+    """On CUDA a console interval is read after the next step is queued (MetricsLog's lag: a copy to pinned memory
+    behind the step, read one step later). The same bookkeeping on CPU tensors must print the same console, in
+    the same order, and log the same values at the same steps as reading at once."""
+    from llmfoundry.train import step_metrics
+
+    def run(lag_devices):
+        monkeypatch.setattr(step_metrics, "LAG_DEVICES", lag_devices)
+        trainer = make_trainer(quickstart_like(mds_root, tokenizer_dir, console_log_interval="1ba",
+                                               callbacks={"lr_monitor": {}}, save_interval="5ba",
+                                               save_folder=str(mds_root.parent / f"lag-{len(lag_devices)}")))
+        staged = []
+        stage = trainer.metrics_log._stage
+        monkeypatch.setattr(trainer.metrics_log, "_stage", lambda: (staged.append(trainer.time.batch), stage()))
+        result = trainer.fit()
+        return capsys.readouterr().out.splitlines(), trainer.loggers[0].data, result, staged
+
+    at_once, logged_at_once, result_at_once, _ = run(("cuda",))
+    lagged, logged_lagged, result_lagged, staged = run(("cuda", "cpu"))
+    assert staged == list(range(1, 12))  # every console batch but the last (read at once)
+    assert [line.replace("lag-2", "lag-1") for line in lagged] == at_once
+    assert logged_lagged == logged_at_once and result_lagged == result_at_once
