@@ -120,7 +120,7 @@ def scale_table(shared: dict) -> str:
         gpu_hours = "" if hours is None else f"{hours * est.world:,.0f}"
         duration = "epochs" if est.steps is None else f"{est.steps:,} ba"
         lines.append(f"| {name} | {run.gpus} | {planner.n_params / 1e9:.2f}B | {c.micro} x {accum}, "
-                     f"{'on' if c.checkpointing else 'off'} | {gib(est.peak)}{fits} | {est.step_s:.2f} | "
+                     f"{c.checkpointing or 'off'} | {gib(est.peak)}{fits} | {est.step_s:.2f} | "
                      f"{est.mfu:.1%} | {est.tok_per_s_gpu:,.0f} | {duration} | {days} | {gpu_hours} |")
     return "\n".join(lines)
 

@@ -9,7 +9,11 @@ tracked by torch's MemTracker (torch.distributed._tools.mem_tracker; ``Activatio
 activations + temporaries peak, and the gradients made by then). Activations of L blocks are then ``m1 + (L - 1) (m2 -
 m1)``: the embedding, the logits and the loss (often the largest single activation) are in ``m1``, one block's
 saved tensors in the difference; with activation checkpointing the same runs measure the block inputs kept and
-one block recomputed. The optimizer step's temporaries (foreach kernels) are measured the same way.
+one block recomputed. The modes that are uniform per block (``full``, ``selective_op``: the per-op policy of
+train/activation_ckpt.py, run as the trainer runs it) are measured so; ``selective_layer_N`` mixes full and
+uncheckpointed blocks, and train/plan.py composes it from those two measurements. The optimizer step's temporaries
+(foreach kernels) are measured the same way, and the FLOPs of the step (torch's FlopCounterMode: a checkpointing
+mode's recompute is what it adds to the uncheckpointed run's).
 """
 
 from __future__ import annotations
@@ -21,12 +25,14 @@ from dataclasses import dataclass
 import torch
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils.flop_counter import FlopCounterMode
 
 from llmfoundry.core import precision as prec
 from llmfoundry.core.errors import ConfigError, first_line
 from llmfoundry.models.interface import label_offset
 from llmfoundry.models.loss import TokenLoss
 from llmfoundry.train import parallel
+from llmfoundry.train.activation_ckpt import checkpoint_modules
 from llmfoundry.train.builders import build_model, build_optimizer
 from llmfoundry.train.recipe import Component
 
@@ -44,6 +50,7 @@ class Measured:
     grads_at_peak: int  # gradients already made at that moment (the head's, mostly)
     optimizer_temp: int  # an optimizer step's own temporaries, above parameters, gradients and state
     params: int  # elements
+    flops: int  # of the forward and backward (with its recompute), FlopCounterMode's count
 
 
 def shrunk(model: Component, layers: int) -> Component:
@@ -97,17 +104,17 @@ def _snapshot(tracker: MemTracker, kind: str) -> dict[str, int]:
     return _by_name(next(iter(snapshots.values()))) if snapshots else {}
 
 
-def measure(cfg, micro: int, layers: int, checkpointing: bool, param_dtype: torch.dtype, fake: bool = True) -> Measured:
+def measure(cfg, micro: int, layers: int, mode: str | None, param_dtype: torch.dtype, fake: bool = True) -> Measured:
     """One training step of one fake microbatch (``micro`` x max_seq_len) for the recipe's model with ``layers``
     blocks, the second one (the optimizer state exists), tracked by torch's MemTracker
-    (torch.distributed._tools.mem_tracker: the categories of the peak); ``param_dtype``: the dtype FSDP2 computes
-    in (the sharded weights' own dtype without FSDP2's mixed precision)."""
+    (torch.distributed._tools.mem_tracker: the categories of the peak); ``mode``: the
+    activation_checkpointing_mode applied to every block (None: no checkpointing); ``param_dtype``: the dtype
+    FSDP2 computes in (the sharded weights' own dtype without FSDP2's mixed precision)."""
     device = torch.device("cpu")
     with torch.device("meta"):
         model = build_model(shrunk(cfg.model, layers), None).to(param_dtype)
-    if checkpointing:
-        for module in parallel.checkpoint_targets(model, model.blocks()):
-            parallel.apply_activation_checkpointing(module, reentrant=False)
+    if mode is not None:  # the trainer's own code (parallel.py); non-reentrant, which every mode can use
+        checkpoint_modules(parallel.checkpoint_targets(model, model.blocks()), mode, reentrant=False)
     loss_fn = TokenLoss(label_offset(model))
 
     def forward_backward() -> None:
@@ -120,7 +127,8 @@ def measure(cfg, micro: int, layers: int, checkpointing: bool, param_dtype: torc
             parallel.materialize(model, device, 0)
             optimizer = build_optimizer(cfg.optimizer, model)
             ids = torch.zeros((micro, cfg.max_seq_len), dtype=torch.long)
-            forward_backward()  # the first step makes the optimizer state
+            with FlopCounterMode(display=False) as counter:
+                forward_backward()  # the first step makes the optimizer state
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             tracker = ActivationPeak()
@@ -140,4 +148,4 @@ def measure(cfg, micro: int, layers: int, checkpointing: bool, param_dtype: torc
     activations, grads_at_peak = tracker.activation_peak
     return Measured(layers=layers, activations=activations, grads_at_peak=grads_at_peak,
                     optimizer_temp=max(0, optimizer_temp),
-                    params=sum(p.numel() for p in model.parameters()))
+                    params=sum(p.numel() for p in model.parameters()), flops=counter.get_total_flops())

@@ -20,14 +20,14 @@ def duration(est: Estimate) -> str:
 
 def table(est: Estimate, gpu_name: str) -> list[str]:
     c = est.choice
-    ck = "on" if c.checkpointing else "off"
+    ck = c.checkpointing or "off"  # the mode: full, selective_op, selective_layer_N
     lines = [
         f"per GPU ({est.world} GPUs, {gpu_name}; microbatch {c.micro}, activation_checkpointing {ck}, "
         f"sharding {c.strategy or 'none'} over {est.shard})",
         f"  parameters           {gib(est.params)}",
         f"  gradients            {gib(est.grads)}",
         f"  optimizer state      {gib(est.optimizer)}",
-        f"  activations          {gib(est.activations)}   (checkpointing {'off' if c.checkpointing else 'on'}: "
+        f"  activations          {gib(est.activations)}   (checkpointing {'off' if c.checkpointing else 'full'}: "
         f"{gib(est.activations_other).strip()})",
         f"  gradients held       {gib(est.grads_held)}   (during forward/backward)",
         f"  FSDP gathered        {gib(est.fsdp_gathered)}",

@@ -1,9 +1,11 @@
 """`llmfoundry plan`: bad input is one line and exit code 2; the estimate's fake-tensor measurement agrees with
 real tensors; its memory figures are within 10% of what torch's MemTracker (FSDPMemTracker under FSDP2) records
-around a real training step, for a tiny and a 125M-shaped model, one rank and two FSDP2 ranks, with and without
-activation checkpointing (tests/train/_plan_worker.py's `record_memory` callback). Two FSDP2 ranks train a
-3-block 768-wide model (the 125M's blocks, fewer of them: the root and two prefetched blocks gathered, a third
-block to extrapolate to); the 125M shape itself is checked on one rank."""
+around a real training step, for a tiny and a 125M-shaped model, one rank and two FSDP2 ranks, without activation
+checkpointing and with each of its modes (full, selective_op, selective_layer_2; tests/train/_plan_worker.py's
+`record_memory` callback). Two FSDP2 ranks train a 3-block 768-wide model (the 125M's blocks, fewer of them: the
+root and two prefetched blocks gathered, a third block to extrapolate to) with one microbatch per batch, then, in
+the same job, with two (gradients accumulating: FSDP2 holds every sharded gradient from the first microbatch); the
+125M shape itself is checked on one rank."""
 
 from __future__ import annotations
 
@@ -53,9 +55,9 @@ def test_fake_tensors_measure_what_real_tensors_hold():
               "optimizer": {"name": "decoupled_adamw", "lr": 1e-3}, "max_duration": "2ba",
               "global_train_batch_size": 2, "device_train_microbatch_size": 2, "precision": "fp32"}
     cfg = validate(recipe, TrainConfig)
-    for checkpointing in (False, True):
-        fake = plan_memory.measure(cfg, 2, 2, checkpointing, torch.float32, fake=True)
-        real = plan_memory.measure(cfg, 2, 2, checkpointing, torch.float32, fake=False)
+    for mode in (None, "full"):  # selective_op: against a real step below
+        fake = plan_memory.measure(cfg, 2, 2, mode, torch.float32, fake=True)
+        real = plan_memory.measure(cfg, 2, 2, mode, torch.float32, fake=False)
         assert fake == real
 
 
@@ -72,15 +74,16 @@ def fake_runs() -> dict:
     return {}
 
 
-def memory_recipe(mds_root, tokenizer_dir, folder, shape: str, checkpointing: bool, ranks: int) -> dict:
-    """tests/helpers.tiny_recipe with ``shape``'s model, fp32, two batches of 2 samples per rank (64 tokens each)
-    and the `record_memory` callback tracking the second."""
+def memory_recipe(mds_root, tokenizer_dir, folder, shape: str, mode: str | None, ranks: int) -> dict:
+    """tests/helpers.tiny_recipe with ``shape``'s model, fp32, two batches of 2 samples per rank (64 tokens each),
+    activation checkpointing ``mode`` (None: off) and the `record_memory` callback tracking the second batch."""
     import tests.train._plan_worker  # noqa: F401  (registers record_memory)
     from tests.helpers import tiny_recipe
 
     recipe = tiny_recipe(mds_root, tokenizer_dir, precision="fp32", max_duration="2ba",
                          global_train_batch_size=2 * ranks, device_train_microbatch_size=2,
-                         fsdp_config={"activation_checkpointing": checkpointing},
+                         fsdp_config={"activation_checkpointing": mode is not None,
+                                      "activation_checkpointing_mode": mode or "full"},
                          callbacks={"record_memory": {"folder": str(folder)}})
     del recipe["eval_loader"], recipe["eval_interval"]
     recipe["model"].update(SHAPES[shape])
@@ -124,18 +127,54 @@ def assert_within_10_percent(figures: dict) -> None:
 
 
 # 125M-shaped without checkpointing is left out for time: at 2 x 64 tokens its peak is the end of the backward (all
-# gradients, few activations left) and its figures equal those with checkpointing to the byte.
-@pytest.mark.parametrize("shape, checkpointing", [("tiny", False), ("tiny", True), ("125m", True)])
-def test_predicted_memory_is_within_10_percent_of_a_real_step(shape, checkpointing, mds_root, tokenizer_dir,
-                                                              tmp_path, fake_runs):
+# gradients, few activations left) and its figures equal those with checkpointing to the byte. The tiny model's
+# activations are most of its peak, so the modes are checked there: selective_op measured with the trainer's
+# per-op policy, selective_layer_2 (one of its 2 blocks checkpointed) composed from the none and full runs.
+@pytest.mark.parametrize("shape, mode", [("tiny", None), ("tiny", "full"), ("tiny", "selective_op"),
+                                         ("tiny", "selective_layer_2"), ("125m", "full")])
+def test_predicted_memory_is_within_10_percent_of_a_real_step(shape, mode, mds_root, tokenizer_dir, tmp_path,
+                                                              fake_runs):
     import json
 
     from tests.helpers import make_trainer
 
-    recipe = memory_recipe(mds_root, tokenizer_dir, tmp_path, shape, checkpointing, 1)
+    recipe = memory_recipe(mds_root, tokenizer_dir, tmp_path, shape, mode, 1)
     make_trainer(recipe).fit()
     measured = json.loads((tmp_path / "memory-rank0.json").read_text())
     assert_within_10_percent(compare(predicted(recipe, 1, fake_runs), measured, sharded=False))
+
+
+def test_each_checkpointing_mode_is_estimated_and_proposed(mds_root, tokenizer_dir, tmp_path, fake_runs):
+    """The tiny model's estimate per mode orders as the modes do (activations: none > selective_op,
+    selective_layer_2 > full; recomputed FLOPs and step time: none < selective_op < selective_layer_2 < full),
+    selective_op's recompute is what FlopCounterMode counts (a small share, well under full's third), and a recipe
+    with full checkpointing is offered selective_op (fits, faster) as an override, checked by the same estimate.
+    The tiny model's step would be HBM-bound on an H100; on one with unlimited HBM bandwidth it is compute-bound,
+    as every MPT recipe at its scale is (docs/plan-table.md)."""
+    import dataclasses
+
+    from llmfoundry.train.plan import Choice, Planner, checkpointing_candidates, proposals
+    from llmfoundry.train.plan_hardware import GPUS
+    from llmfoundry.train.plan_report import table
+
+    cfg = validate(memory_recipe(mds_root, tokenizer_dir, tmp_path, "tiny", "full", 1), TrainConfig)
+    gpu = dataclasses.replace(GPUS["h100"], hbm_bytes_per_s=float("inf"))
+    planner = Planner(cfg, 1, 1, gpu, fake_runs.setdefault(cfg.model.settings.d_model, {}))
+    est = {mode: planner.estimate(Choice(2, mode, "FULL_SHARD"))
+           for mode in (None, "full", "selective_op", "selective_layer_2")}
+    acts = {mode: e.activations for mode, e in est.items()}
+    assert acts[None] > acts["selective_layer_2"] > acts["full"]
+    assert acts[None] > acts["selective_op"] > acts["full"]
+    shares = [planner.recompute_share(2, mode, torch.float32) for mode in (None, "selective_op", "full")]
+    assert shares[0] == 0 and 0.005 < shares[1] < 0.2 and shares[2] == 1 / 3, shares
+    steps = [est[mode].step_s for mode in (None, "selective_op", "selective_layer_2", "full")]
+    assert steps == sorted(steps) and len(set(steps)) == 4, steps
+    assert "activation_checkpointing selective_layer_2" in table(est["selective_layer_2"], "H100")[0]
+    # the checkpointing changes only: the microbatch ones would measure another microbatch (time)
+    changes = dict(proposals(planner, est["full"], checkpointing_candidates(planner, est["full"].choice)))
+    assert set(changes) == {"fsdp_config.activation_checkpointing=false",
+                            "fsdp_config.activation_checkpointing_mode=selective_op"}, set(changes)
+    assert changes["fsdp_config.activation_checkpointing_mode=selective_op"].step_s < est["full"].step_s
 
 
 @pytest.mark.dist
@@ -146,10 +185,16 @@ def test_predicted_memory_of_two_fsdp_ranks_is_within_10_percent_of_a_real_step(
 
     from tests.distributed.helpers import forked_ranks_args, run_job
 
-    recipe = memory_recipe(mds_root, tokenizer_dir, tmp_path, "768x3", True, 2)
+    recipe = memory_recipe(mds_root, tokenizer_dir, tmp_path, "768x3", "full", 2)
     worker = Path(__file__).with_name("_plan_worker.py")
-    run_job(recipe, tmp_path, "memory", nproc=2, entry=[*forked_ranks_args(2), str(worker)])
-    est = predicted(recipe, 2, fake_runs)
-    for rank in (0, 1):
-        measured = json.loads((tmp_path / f"memory-rank{rank}.json").read_text())
-        assert_within_10_percent(compare(est, measured, sharded=True))
+    # one job, two runs: one microbatch per batch, then two of the same size (a device batch of 4; the same fake runs)
+    accumulating = ["global_train_batch_size=8", "callbacks.record_memory.name=accumulating"]
+    run_job(recipe, tmp_path, "memory", nproc=2, overrides=["--then", *accumulating],
+            entry=[*forked_ranks_args(2), str(worker)])
+    for name, est in (("memory", predicted(recipe, 2, fake_runs)),
+                      ("accumulating", predicted({**recipe, "global_train_batch_size": 8}, 2, fake_runs))):
+        assert (est.grads_held == est.grads) == (name == "accumulating")  # accumulating: every sharded gradient
+        for rank in (0, 1):
+            print(f"{name}, rank {rank}:")
+            measured = json.loads((tmp_path / f"{name}-rank{rank}.json").read_text())
+            assert_within_10_percent(compare(est, measured, sharded=True))
