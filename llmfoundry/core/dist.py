@@ -133,6 +133,13 @@ def init_distributed(timeout_s: float = 600.0) -> DistInfo:
     return DistInfo(rank, world_size, local_rank, device)
 
 
+def new_gloo_group():
+    """A gloo group of every rank (collective: every rank calls it at the same point) whose collectives fail after
+    ``dist_timeout``, as the default group's do (torch's own default for a new group is 30 minutes)."""
+    timeout = datetime.timedelta(seconds=_timeout_s) if _timeout_s is not None else None
+    return dist.new_group(backend="gloo", timeout=timeout)
+
+
 def collective_failure(op: str, error: BaseException) -> CollectiveError:
     """One line for a collective that failed: this rank, the operation, and whether it timed out or lost a peer."""
     text = str(error)

@@ -40,6 +40,8 @@ ALWAYS_SAVED = MATMULS | _ops(
     "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
     "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu", "_scaled_mm",
 )
+if hasattr(torch.ops.higher_order, "flex_attention"):  # FlexAttention (packed documents, ALiBi on CUDA) too
+    ALWAYS_SAVED |= {torch.ops.higher_order.flex_attention}
 if hasattr(torch.ops, "_c10d_functional"):  # a tensor-parallel reduce-scatter: a collective is not recomputed
     ALWAYS_SAVED |= {torch.ops._c10d_functional.reduce_scatter_tensor.default}
 

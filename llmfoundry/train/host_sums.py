@@ -26,7 +26,7 @@ def host_group():
     if "gloo" in str(tdist.get_backend()):
         return None
     if _host_group is None or _host_group[0] is not world:
-        _host_group = (world, tdist.new_group(backend="gloo"))
+        _host_group = (world, dist.new_gloo_group())
     return _host_group[1]
 
 

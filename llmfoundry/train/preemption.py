@@ -134,6 +134,7 @@ def stop_for_preemption(trainer, reason: str, saved: bool) -> None:
     code = preemption.exit_code(reason)
     save_now(trainer, saved)
     trainer.state.print(f"preempted ({reason}) after batch {trainer.time.batch}: checkpoint saved, exiting with {code}")
+    trainer.flush_metrics()  # the batches trained since the last log interval, before the loggers close
     for logger in trainer.loggers:
         logger.close()
     preemption.uninstall()

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from llmfoundry.core import dist
+from llmfoundry.core.errors import CollectiveError
 from llmfoundry.data.batches import count_batch_tokens
 from llmfoundry.train.callbacks.base import Callback
 from llmfoundry.train.host_sums import host_group, host_sum
@@ -210,7 +211,9 @@ class MetricsLog:
         batches trained before it were logged when the metrics were read every batch."""
         try:
             yield
-        except BaseException:
+        except BaseException as failure:
+            if isinstance(failure, CollectiveError) or dist.is_collective_failure(failure):
+                raise  # a device read could wait forever behind the collective that failed
             steps = [step for step, _, _ in self.pending]
             try:
                 self.flush()

@@ -305,7 +305,7 @@ class Trainer:
                     raise
                 oom = True
             if self.auto_microbatch and self.device.type == "cuda" and self.dist.world_size > 1:
-                oom = bool(dist.all_reduce_sum(torch.tensor(float(oom), device=self.device)) > 0)
+                oom = step_metrics.host_sum(int(oom)) > 0  # on the host: no device sync per step
             if not oom:
                 break
             if self.microbatch_size == 1:

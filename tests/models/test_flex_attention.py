@@ -202,11 +202,27 @@ CPU = types.SimpleNamespace(is_cuda=False, device=torch.device("cpu"))
     ("flex", {}, CPU, False, 64, "on"),
     ("flex", {}, CPU, True, 64, "off"),  # no FlexAttention backward on CPU: SDPA trains there
 ])  # fmt: skip
-def test_when_flex_attention_runs(impl, attn, device, training, d_model, mode):
+def test_when_flex_attention_runs(impl, attn, device, training, d_model, mode, monkeypatch):
+    monkeypatch.setattr(flex_attention, "cuda_kernels", lambda device: True)  # an Ampere+ GPU with Triton
     model = tiny_model(attn_config={**attn, "attn_impl": impl}, d_model=d_model)
     model.train(training)
     with torch.set_grad_enabled(training):
         assert model.transformer.blocks[0].attn.flex_mode(device) == mode
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "flex"])
+def test_a_gpu_without_flex_attentions_kernels_keeps_sdpa(impl, monkeypatch, caplog):
+    """No Triton, or a GPU older than Ampere (V100, T4): the default never compiles FlexAttention there, and an
+    explicit attn_impl: flex says in one line that SDPA computes instead."""
+    from llmfoundry.core import notices
+
+    monkeypatch.setattr(flex_attention, "cuda_kernels", lambda device: False)
+    notices._seen.clear()
+    model = tiny_model(attn_config={"attn_impl": impl, "alibi": True}, d_model=64).train()
+    with caplog.at_level("WARNING"):
+        assert model.transformer.blocks[0].attn.flex_mode(CUDA) == "off"
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("attn_impl: flex")]
+    assert len(said) == (impl == "flex")
 
 
 def test_flex_with_attention_dropout_is_refused_up_front():

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from llmfoundry.core.notices import notice_once
 from llmfoundry.models.layers import flex_attention
 from llmfoundry.models.layers.norm import build_norm
 from llmfoundry.models.layers.positional import alibi_bias, apply_rope
@@ -241,6 +242,10 @@ class Attention(nn.Module):
         if self.dropout > 0 and self.training:
             return "off"  # FlexAttention has no dropout on the probabilities (attn_impl: flex refuses attn_pdrop)
         if not flex_attention.available() or not flex_attention.kernel_fits(self.head_dim, x.device):
+            if self.attn_impl == "flex":
+                notice_once(f"attn_impl: flex computes with SDPA on this {x.device.type} (FlexAttention's kernels "
+                            "need torch's FlexAttention, heads of 16 or more and, on CUDA, Triton and an Ampere or "
+                            "newer GPU)")
             return "off"
         if self.attn_impl == "flex":  # where torch cannot train through it (CPU), SDPA computes the same
             return "on" if flex_attention.trains_on(x.device) or not torch.is_grad_enabled() else "off"

@@ -18,6 +18,7 @@ CPU it runs eagerly (that is for tests and ``attn_impl: flex`` on a laptop, not 
 
 from __future__ import annotations
 
+import functools
 import warnings
 from dataclasses import dataclass
 from typing import Callable
@@ -37,9 +38,21 @@ def available() -> bool:
 
 
 def kernel_fits(head_dim: int, device: torch.device) -> bool:
-    """The compiled CUDA kernel needs heads of at least 16 numbers (tl.dot's smallest tile); other sizes are
-    padded to a power of two by torch itself."""
-    return device.type == "cpu" or head_dim >= 16
+    """The compiled CUDA kernel needs heads of at least 16 numbers (tl.dot's smallest tile; other sizes are
+    padded to a power of two by torch itself), Triton, and a GPU it supports well (Ampere or newer)."""
+    if device.type == "cpu":
+        return True
+    if device.type == "cuda" and not cuda_kernels(device):
+        return False
+    return head_dim >= 16
+
+
+@functools.cache
+def cuda_kernels(device: torch.device) -> bool:
+    """Whether FlexAttention's Triton kernels serve this GPU: Triton installed, Ampere (8.0) or newer."""
+    from torch.utils._triton import has_triton
+
+    return torch.cuda.get_device_capability(device) >= (8, 0) and has_triton()
 
 
 def trains_on(device: torch.device) -> bool:
