@@ -85,10 +85,10 @@ class WriterProcess:
 
     def request(self, message: dict, fd: int | None) -> tuple:
         """Send one write (and the region's descriptor when it is new) and wait for its answer (courier thread)."""
-        wire.send_message(self.sock, message)
-        if fd is not None:
-            socket.send_fds(self.sock, [b"R"], [fd])
-        try:
+        try:  # a writer that died is a broken pipe here or end-of-file below: one line either way
+            wire.send_message(self.sock, message)
+            if fd is not None:
+                socket.send_fds(self.sock, [b"R"], [fd])
             return wire.receive_message(self.sock)
         except (EOFError, OSError):
             code = self.process.wait()

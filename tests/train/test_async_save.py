@@ -122,7 +122,8 @@ def test_async_saves_are_written_by_a_process_of_their_own_which_the_end_of_trai
     assert _background_threads() == []  # neither the copy thread nor the courier outlives training
 
 
-def test_a_writer_process_killed_mid_write_is_a_one_line_error_and_leaves_latest_alone(recipe, tmp_path):
+@pytest.mark.parametrize("when", ["mid-write", "between writes"])
+def test_a_killed_writer_process_is_a_one_line_error_at_the_next_save_and_leaves_latest_alone(recipe, tmp_path, when):
     folder = tmp_path / "run"
     trainer = make_trainer(recipe(eval_loader=None, max_duration="6ba", save_folder=str(folder), save_interval="2ba",
                                   save_async=True))
@@ -132,10 +133,14 @@ def test_a_writer_process_killed_mid_write_is_a_one_line_error_and_leaves_latest
         if trainer.time.batch == 4:  # ep0-ba2 is complete; the writer stops before ep0-ba4 and is killed
             trainer.checkpointer.wait()
             writer = trainer.checkpointer.background.writer.process
-            os.kill(writer.pid, signal.SIGSTOP)
+            killed.append(writer)
+            if when == "between writes":  # dead before the request is sent: a broken pipe
+                os.kill(writer.pid, signal.SIGKILL)
+                writer.wait()
+                return save()
+            os.kill(writer.pid, signal.SIGSTOP)  # the request is sent; the answer never comes
             path = save()
             os.kill(writer.pid, signal.SIGKILL)
-            killed.append(writer)
             return path
         return save()
 
