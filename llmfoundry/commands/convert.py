@@ -2,10 +2,10 @@
 export a model to a transformers-native folder (or, with ``--recipe RECIPE.yaml``, to a checkpoint of ours).
 
 CHECKPOINT is one of our checkpoints (a checkpoint folder or a save_folder), a checkpoint written by llm-foundry
-(Composer: a ``*.pt`` file or a sharded folder) or a Hugging Face folder, local or ``s3://``; the exported folder loads with ``transformers.AutoModelForCausalLM.from_pretrained`` and no
+(Composer: a ``*.pt`` file or a sharded folder) or a Hugging Face folder, local or in an object store (``s3://``, ``gs://``, Azure, ``oci://``); the exported folder loads with ``transformers.AutoModelForCausalLM.from_pretrained`` and no
 ``trust_remote_code`` (see llmfoundry.models.hf_export for which transformers class each architecture maps to).
 
-OUT_DIR is a local folder or ``s3://bucket/prefix``: a remote export is written to a local staging folder and
+OUT_DIR is a local folder or an object-store prefix (``s3://bucket/prefix``, gs://, Azure, oci://): a remote export is written to a local staging folder and
 uploaded with ``config.json`` and a ``.complete`` marker last (llmfoundry.train.uploads.publish_folder), so a
 reader never takes a partial upload for a model. ``--hf_repo_for_upload`` (llm-foundry's convert_composer_to_hf
 flag) then uploads the folder to a Hugging Face Hub repo, created private if missing; ``--test_uploaded_model``
@@ -26,8 +26,8 @@ from llmfoundry.commands.convert_checks import FILE_URL, check_outputs
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="llmfoundry convert", description=__doc__.splitlines()[0])
-    parser.add_argument("checkpoint", help="a checkpoint folder of ours or a Hugging Face folder, local or s3://")
-    parser.add_argument("out_dir", help="where to write the transformers-native folder: a local folder or s3://")
+    parser.add_argument("checkpoint", help="a checkpoint folder of ours or a Hugging Face folder, local or in an object store")
+    parser.add_argument("out_dir", help="where to write the transformers-native folder: a local folder or an object-store URL")
     # the short names only (llmfoundry.core.dtype_names also knows float32, bfloat16 and float16)
     parser.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32")
     parser.add_argument("--hf_repo_for_upload", metavar="REPO", default=None,

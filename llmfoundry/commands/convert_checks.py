@@ -17,7 +17,7 @@ def check_outputs(out_dir: str, repo: str | None, test_uploaded: bool) -> None:
     """One-line errors for destinations that cannot be written, raised before any model is loaded."""
     if objectstore.is_remote(out_dir):
         try:
-            objectstore.ObjectFolder(out_dir, "OUT_DIR", max_attempts=3).probe()
+            objectstore.ObjectFolder(out_dir, "OUT_DIR", max_attempts=3, stores=objectstore.CHECKPOINT_STORES).probe()
         except ConfigError:
             raise
         except Exception as error:  # noqa: BLE001 - botocore: no credentials, no endpoint, no bucket, ...

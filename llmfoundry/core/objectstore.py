@@ -1,13 +1,13 @@
 """Object storage: the one module that talks to ``s3://`` stores (AWS S3, R2, MinIO, any S3-compatible endpoint)
-and, for checkpoints and loader remotes so far, ``gs://`` and Azure (``azure://`` and the other spellings) through
+and, for checkpoints, models and loader remotes so far, ``gs://`` and Azure (``azure://`` and the other spellings) through
 core/fsspec_store.py (gcsfs, adlfs: the same client calls) and ``oci://`` through OCI's S3 API (core/oci.py).
 
 Everything that reads or writes a URL goes through here: checkpoints (train.checkpointer / train.uploads), data
 preparation (data.prep), ICL task files (eval.icl.data) and model folders (loading). It gives
 
 * URL handling: :func:`is_remote` (any ``scheme://`` URL, never a local folder), :func:`split_url`, :func:`join`;
-  a URL of a store a key does not take (``hf://``, ``dbfs:``; ``gs://``, Azure and ``oci://`` outside checkpoints
-  and loader remotes) is a one-line error;
+  a URL of a store a key does not take (``hf://``, ``dbfs:``; ``gs://``, Azure and ``oci://`` outside checkpoints,
+  models and loader remotes) is a one-line error;
 * :func:`client`: a boto3 S3 client with connect/read timeouts; the endpoint from ``S3_ENDPOINT_URL`` (or
   ``AWS_ENDPOINT_URL_S3``), credentials from boto3's usual chain (oci://: core/oci.py's);
 * :class:`Retry` (exponential backoff until a deadline) for callers that must survive an outage;
@@ -42,8 +42,9 @@ S3 = "s3://"
 GS = "gs://"
 AZURE = azure.SCHEMES  # azure://, az://, abfs://, abfss://, azure-dl://: one store, the container first
 OCI = oci.SCHEME  # oci://bucket/path (or bucket@namespace): OCI's S3 compatibility API, core/oci.py
-# Checkpoints (save_folder, load_path, autoresume) and MDS data (a loader's remote; streaming downloads through us,
-# data/streaming_stores.py) take every store here; task files, exports, converters' outputs and the rest S3 only.
+# Checkpoints (save_folder, load_path, autoresume), models (hf_checkpointer's exports, convert's input and OUT_DIR,
+# eval/generate model paths) and MDS data (a loader's remote; streaming downloads through us,
+# data/streaming_stores.py) take every store here; task files, converters' outputs and the rest S3 only.
 CHECKPOINT_STORES = (S3, GS, *AZURE, OCI)
 DATA_STORES = (S3, GS, *AZURE, OCI)
 FSSPEC_STORES = (GS, *AZURE)  # answered by core/fsspec_store.FsspecClient
@@ -85,7 +86,8 @@ def check_url(url: str, key: str = "path", stores: tuple[str, ...] = (S3,)) -> N
                       f"{named} (any S3-compatible store works through S3_ENDPOINT_URL)")
 
 
-FSSPEC_KEYS = "the top-level save_folder and load_path and a loader's remote"  # (said for gs://, Azure, oci://)
+FSSPEC_KEYS = ("the top-level save_folder and load_path, a loader's remote, hf_checkpointer's save_folder and model "
+               "paths (convert, eval, generate)")  # (said for gs://, Azure, oci://)
 
 
 def split_url(url: str, key: str = "path", stores: tuple[str, ...] = (S3,)) -> tuple[str, str]:

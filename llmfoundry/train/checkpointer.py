@@ -269,12 +269,13 @@ def _remote_composer_checkpoint(url: str, pointers_only: bool = False) -> tuple[
 
 
 def stage_model_path(path: str, key: str = "load_path") -> str:
-    """A local path for a model path: ``path`` itself unless it is ``s3://``, in which case one of our checkpoints
-    (or a save_folder's newest complete one), or a Hugging Face folder (recognised by its ``config.json``), is
-    downloaded into the staging folder and the local copy's path returned. Used by llmfoundry.loading."""
+    """A local path for a model path: ``path`` itself unless it is a URL (any CHECKPOINT_STORES store), in which
+    case one of our checkpoints (or a save_folder's newest complete one), or a Hugging Face folder (recognised by
+    its ``config.json``), is downloaded into the staging folder and the local copy's path returned. Used by
+    llmfoundry.loading."""
     if not objectstore.is_remote(path):
         return path
-    objectstore.check_url(path, key)  # convert, eval, generate: s3:// only so far (gs://, Azure: training)
+    objectstore.check_url(path, key, objectstore.CHECKPOINT_STORES)  # convert, eval, generate: every store
     staging = remote_staging(path)
     try:
         url = path.rstrip("/")

@@ -213,13 +213,14 @@ class Uploader:
 
 # ----------------------------------------------------------------------------------------------- whole folders
 def publish_folder(staged: Path, url: str, retry: objectstore.Retry, *, last: tuple[str, ...] = ()) -> list[str]:
-    """Upload the local folder ``staged`` to ``url`` (an s3:// prefix) from one process, so that no reader takes
+    """Upload the local folder ``staged`` to ``url`` (a prefix in any CHECKPOINT_STORES store) from one process, so that no reader takes
     a partial copy for a complete one: the :data:`COMPLETE` marker goes up last, and the relative paths in
     ``last`` (e.g. a Hugging Face folder's ``config.json``, by which loaders recognise one) just before it. An
     earlier copy under ``url`` is replaced: its marker and ``last`` files are deleted first, its other stale files
     once the new ones are up. Used for Hugging Face exports (hf_checkpointer, ``llmfoundry convert``); returns the
     relative paths uploaded."""
-    folder = objectstore.ObjectFolder(url, max_attempts=objectstore.UPLOAD_REQUEST_RETRIES)
+    folder = objectstore.ObjectFolder(url, max_attempts=objectstore.UPLOAD_REQUEST_RETRIES,
+                                      stores=objectstore.CHECKPOINT_STORES)
     s3, bucket = folder.client, folder.bucket
 
     def delete(key: str) -> None:

@@ -51,13 +51,13 @@ def test_a_save_folder_keeps_the_newest_and_autoresumes_bitwise(recipe, fsspec_s
 def test_where_a_store_is_not_supported_yet_and_a_missing_bucket_are_one_line_errors(recipe, fsspec_store,
                                                                                      tmp_path):
     scheme = fsspec_store.split("://", 1)[0]
-    plain = recipe(max_duration="1ba", callbacks={"hf_checkpointer": {"save_folder": f"{fsspec_store}/hf",
-                                                                     "save_interval": "1ba"}})
+    plain = recipe(max_duration="1ba", callbacks={"mono_checkpoint_saver": {"save_folder": f"{fsspec_store}/mono",
+                                                                           "batch_interval": 1}})
     with pytest.raises(ConfigError) as refused:
         validate(plain, TrainConfig)
     message = str(refused.value)
-    assert "callbacks.hf_checkpointer.save_folder" in message
-    assert f"{scheme}:// works for the top-level save_folder and load_path and a loader's remote so far" in message
+    assert "callbacks.mono_checkpoint_saver.save_folder" in message
+    assert f"{scheme}:// works for the top-level save_folder and load_path, a loader's remote, hf_checkpointer" in message
 
     with pytest.raises(ConfigError, match=r"save_folder: bucket 'no-such-bucket' does not exist at http://127\.0"):
         make_trainer(recipe(max_duration="1ba", eval_loader=None, save_folder=f"{scheme}://no-such-bucket/run"))
@@ -107,3 +107,49 @@ def test_azure_without_an_account_is_a_one_line_error_naming_the_key_and_no_secr
     assert str(refused.value).startswith("save_folder: 'azure://box/run': no Azure storage account is set; set "
                                          "AZURE_STORAGE_CONNECTION_STRING")
     assert "not-a-real-key" not in str(refused.value)
+
+
+@pytest.fixture(params=["gs", "azure", "oci"])
+def model_store(request) -> str:
+    """The root URL of an empty bucket on each store besides S3: gs:// and azure:// on their emulators, oci:// on
+    the S3-compatibility stand-in."""
+    if request.param == "oci":
+        from tests.helpers import OCI_TEST_BUCKET
+
+        request.getfixturevalue("oci_server")
+        return f"oci://{OCI_TEST_BUCKET}"
+    return _fsspec_root(request, request.param)
+
+
+def _fsspec_root(request, scheme: str) -> str:
+    from tests.helpers import AZURE_TEST_CONTAINER, GCS_TEST_BUCKET
+
+    if scheme == "gs":
+        request.getfixturevalue("gcs_server")
+        return f"gs://{GCS_TEST_BUCKET}"
+    request.getfixturevalue("azure_server")
+    return f"azure://{AZURE_TEST_CONTAINER}"
+
+
+def test_hf_checkpointer_exports_to_every_store_and_convert_and_load_read_them_there(recipe, model_store, tmp_path):
+    """hf_checkpointer's save_folder, the model paths of convert/eval/generate (llmfoundry.loading) and convert's
+    OUT_DIR on each store: the export goes up with its completion marker last, loads in place with our logits, and
+    converts from that store into another folder of it."""
+    from llmfoundry.cli import main
+    from llmfoundry.loading import load_model
+
+    model = dict(recipe()["model"], expansion_ratio=4, no_bias=True)  # what transformers' MptForCausalLM can hold
+    trainer = make_trainer(recipe(
+        eval_loader=None, max_duration="1ba", model=model, run_name="hf",
+        checkpoint_upload={"staging_folder": str(tmp_path / "staging")},
+        callbacks={"hf_checkpointer": {"save_folder": f"{model_store}/runs/{{run_name}}", "save_interval": "1ba"}}))
+    trainer.fit()
+    export = f"{model_store}/runs/hf/huggingface/ba1"
+    stored = names(model_store, "runs/hf/huggingface/ba1")
+    assert {"config.json", "model.safetensors", "tokenizer.json", uploads.COMPLETE} <= set(stored)
+    ids = torch.tensor([[1, 5, 9, 13]])
+    ours = trainer.model.eval()(ids).logits
+    loaded, _ = load_model(export)
+    torch.testing.assert_close(loaded(ids).logits, ours, rtol=1e-4, atol=1e-4)
+    assert main(["convert", export, f"{model_store}/converted"]) == 0
+    assert {"config.json", "model.safetensors", uploads.COMPLETE} <= set(names(model_store, "converted"))

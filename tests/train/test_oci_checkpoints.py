@@ -131,8 +131,8 @@ def test_both_url_forms_validate_and_oci_elsewhere_is_a_one_line_refusal(recipe)
     for url in ("oci://bucket/run", "oci://bucket@namespace/run"):
         validate(recipe(save_folder=url, load_path=url), TrainConfig)
     assert objectstore.split_url("oci://bucket@ns/a/b/", stores=objectstore.DATA_STORES) == ("bucket", "a/b")
-    plain = recipe(max_duration="1ba", callbacks={"hf_checkpointer": {"save_folder": "oci://b/hf",
-                                                                     "save_interval": "1ba"}})
-    with pytest.raises(ConfigError, match="callbacks.hf_checkpointer.save_folder.*oci:// works for the top-level "
-                                          "save_folder and load_path and a loader's remote so far"):
+    plain = recipe(max_duration="1ba", callbacks={"mono_checkpoint_saver": {"save_folder": "oci://b/mono",
+                                                                           "batch_interval": 1}})
+    with pytest.raises(ConfigError, match="callbacks.mono_checkpoint_saver.save_folder.*oci:// works for the "
+                                          "top-level save_folder and load_path, a loader's remote"):
         validate(plain, TrainConfig)

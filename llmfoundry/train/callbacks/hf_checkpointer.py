@@ -149,7 +149,8 @@ class HFCheckpointer(Callback):
 
     def _check_store(self) -> str | None:
         try:
-            objectstore.ObjectFolder(self.s.save_folder, f"{KEY}.save_folder", max_attempts=3).probe()
+            objectstore.ObjectFolder(self.s.save_folder, f"{KEY}.save_folder", max_attempts=3,
+                                     stores=objectstore.CHECKPOINT_STORES).probe()
         except ConfigError as error:
             return str(error)
         except Exception as error:  # noqa: BLE001 - botocore: no credentials, no endpoint, no bucket, ...
@@ -159,7 +160,8 @@ class HFCheckpointer(Callback):
     def _refuse_existing(self, target: str) -> str | None:
         if self.remote:
             try:
-                exists = bool(objectstore.ObjectFolder(target, f"{KEY}.save_folder", max_attempts=3).list_keys())
+                exists = bool(objectstore.ObjectFolder(target, f"{KEY}.save_folder", max_attempts=3,
+                                                  stores=objectstore.CHECKPOINT_STORES).list_keys())
             except Exception as error:  # noqa: BLE001 - botocore errors, explained in one line
                 return str(objectstore.explain(error, target, f"{KEY}.save_folder"))
         else:

@@ -312,11 +312,12 @@ NAME_FIELDS = ("run_name", "rank", "world_size", "epoch", "batch", "batch_in_epo
 LOAD_EVENTS = ("init", "before_load", "after_load", "fit_start")  # Composer's events that happen before training here
 
 
-def _save_folder_problems(save_folder: str, key: str) -> list[str]:
-    """An s3:// save_folder that is not a valid bucket URL, as one message (a local folder is always fine)."""
+def _save_folder_problems(save_folder: str, key: str, stores: tuple[str, ...] = (objectstore.S3,)) -> list[str]:
+    """A save_folder URL that is not a valid bucket URL of one of ``stores``, as one message (a local folder is
+    always fine)."""
     if objectstore.is_remote(save_folder):
         try:
-            objectstore.check_url(save_folder, key)
+            objectstore.check_url(save_folder, key, stores)
         except ConfigError as error:
             return [str(error)]
     return []
@@ -358,7 +359,8 @@ class LoadCheckpointSettings:
 
 @dataclass
 class HFCheckpointerSettings:
-    save_folder: str = option(doc="where the exports go, a local folder or s3://bucket/prefix; each one is "
+    save_folder: str = option(doc="where the exports go, a local folder or an object store (s3://, gs://, "
+                                  "Azure, oci://); each one is "
                                   "save_folder/huggingface/{huggingface_folder_name}")
     save_interval: TimeString = option("1dur", "how often to export, e.g. 1000ba (and always at the end of training)")
     huggingface_folder_name: str = option(
@@ -389,7 +391,7 @@ class HFCheckpointerSettings:
     )
 
     def check_settings(self, path: str) -> list[str]:
-        problems = _save_folder_problems(self.save_folder, f"{path}.save_folder")
+        problems = _save_folder_problems(self.save_folder, f"{path}.save_folder", objectstore.CHECKPOINT_STORES)
         try:
             names = [field for _, field, _, _ in string.Formatter().parse(self.huggingface_folder_name) if field]
         except ValueError as error:
