@@ -60,6 +60,9 @@ class FsspecClient:
         self.store = store
         self.fs = store.filesystem()
         self.meta = _NoEvents()  # objectstore.count_failed_requests hooks botocore's events; fsspec stores retry
+        # buckets seen to exist: an empty listing of one is not asked about again (the upload loop polls listings,
+        # and a container-scoped SAS may not be allowed to look the container up)
+        self._existing: set[str] = set()
 
     def _call(self, fn, bucket: str, key: str):
         try:
@@ -76,11 +79,14 @@ class FsspecClient:
         return StoreError("NoSuchBucket", 404, f"{self.store.scheme}://{bucket}: no such bucket")
 
     def _bucket_exists(self, bucket: str) -> bool:
+        if bucket in self._existing:
+            return True
         try:
             self._call(lambda: self.fs.info(bucket), bucket, "")
-            return True
         except FileNotFoundError:
             return False
+        self._existing.add(bucket)
+        return True
 
     def head_object(self, Bucket: str, Key: str) -> dict[str, Any]:
         info = self._call(lambda: self.fs.info(f"{Bucket}/{Key}"), Bucket, Key)
@@ -111,7 +117,9 @@ class FsspecClient:
         except FileNotFoundError:
             found = []
         keys = sorted(k for k in (path.split("/", 1)[1] for path in found if "/" in path) if k.startswith(prefix))
-        if not keys and not self._bucket_exists(bucket):  # gcsfs raises for a missing bucket, adlfs lists nothing
+        if keys:
+            self._existing.add(bucket)
+        elif not self._bucket_exists(bucket):  # gcsfs raises for a missing bucket, adlfs lists nothing
             raise self._no_bucket(bucket)
         return keys
 

@@ -70,3 +70,20 @@ def test_a_stores_refusal_reads_as_botocores(scheme, error, code):
         credentials = {"gs": "GOOGLE_APPLICATION_CREDENTIALS", "azure": "AZURE_STORAGE_CONNECTION_STRING"}[scheme]
         assert f"was refused (AccessDenied); check {credentials}" in str(
             objectstore.explain(shaped, f"{scheme}://bucket/x", "save_folder"))
+
+
+def test_empty_listings_look_the_bucket_up_once(fsspec_store):
+    """The upload loop polls listings that are empty at first: the bucket (which tells a missing bucket from an
+    empty prefix) is looked up once, not at every poll."""
+    folder = objectstore.ObjectFolder(f"{fsspec_store}/polled", stores=objectstore.CHECKPOINT_STORES)
+    client = folder.client
+    bucket = fsspec_store.split("://", 1)[1]
+    lookups = []
+    info = client.fs.info
+    client.fs.info = lambda path, **kw: (lookups.append(path), info(path, **kw))[1]
+    try:
+        for _ in range(3):
+            assert folder.list_keys("ep0-ba2") == []
+    finally:
+        del client.fs.info
+    assert lookups.count(bucket) <= 1
