@@ -121,8 +121,12 @@ class Planner:
             return float(runs[0].activations), float(runs[0].grads_at_peak), float(runs[0].optimizer_temp)
         one, two = runs
         more = self.layers - 1
-        return tuple(float(getattr(one, k) + more * (getattr(two, k) - getattr(one, k)))
-                     for k in ("activations", "grads_at_peak", "optimizer_temp"))
+        acts, grads, opt_temp = (float(getattr(one, k) + more * (getattr(two, k) - getattr(one, k)))
+                                 for k in ("activations", "grads_at_peak", "optimizer_temp"))
+        # the peak of 1 and 2 blocks can be a moment every block has passed (the embedding's backward): at L blocks
+        # the start of the backward, holding every block's saved tensors, can be higher
+        saved = float(one.saved + more * (two.saved - one.saved))
+        return (acts, grads, opt_temp) if acts >= saved else (saved, 0.0, opt_temp)
 
     def _mixed(self, micro: int, every: int, dtype: torch.dtype) -> tuple[float, float, float]:
         """selective_layer_N: k = L // N blocks checkpointed in full (the Nth, 2Nth, ...; activation_ckpt.py), the

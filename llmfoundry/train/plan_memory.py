@@ -8,7 +8,9 @@ forward (under the recipe's autocast), the trainer's loss, backward and an optim
 tracked by torch's MemTracker (torch.distributed._tools.mem_tracker; ``ActivationPeak`` keeps the moment its
 activations + temporaries peak, and the gradients made by then). Activations of L blocks are then ``m1 + (L - 1) (m2 -
 m1)``: the embedding, the logits and the loss (often the largest single activation) are in ``m1``, one block's
-saved tensors in the difference; with activation checkpointing the same runs measure the block inputs kept and
+saved tensors in the difference. Where the peak falls can move with the blocks (a large vocabulary's embedding or
+loss backward outweighs 1 or 2 blocks' activations, not 24), so the saved activations' own peak (the start of the
+backward, every block's) is extrapolated the same way and the larger of the two taken. With activation checkpointing the same runs measure the block inputs kept and
 one block recomputed. The modes that are uniform per block (``full``, ``selective_op``: the per-op policy of
 train/activation_ckpt.py, run as the trainer runs it) are measured so; ``selective_layer_N`` mixes full and
 uncheckpointed blocks, and train/plan.py composes it from those two measurements. The optimizer step's temporaries
@@ -49,6 +51,7 @@ class Measured:
     activations: int  # the peak of activations + temporaries in forward + backward (MemTracker's categories)
     grads_at_peak: int  # gradients already made at that moment (the head's, mostly)
     optimizer_temp: int  # an optimizer step's own temporaries, above parameters, gradients and state
+    saved: int  # the peak of the saved activations alone (MemTracker's Activation: at the start of the backward)
     params: int  # elements
     flops: int  # of the forward and backward (with its recompute), FlopCounterMode's count
 
@@ -90,6 +93,7 @@ class ActivationPeak(MemTracker):
     def __init__(self) -> None:
         super().__init__()
         self.activation_peak = (0, 0)
+        self.saved_peak = 0
 
     def _update_peak_stats(self, peak_state) -> None:
         super()._update_peak_stats(peak_state)
@@ -97,6 +101,7 @@ class ActivationPeak(MemTracker):
             level = snap[_MemRefType.ACT] + snap[_MemRefType.TEMP] + snap[_MemRefType.OTH]
             if level > self.activation_peak[0]:
                 self.activation_peak = (level, snap[_MemRefType.GRAD])
+            self.saved_peak = max(self.saved_peak, snap[_MemRefType.ACT])
 
 
 def _snapshot(tracker: MemTracker, kind: str) -> dict[str, int]:
@@ -147,5 +152,5 @@ def measure(cfg, micro: int, layers: int, mode: str | None, param_dtype: torch.d
         raise ConfigError(f"model: its memory could not be measured on fake tensors ({first_line(error)})") from None
     activations, grads_at_peak = tracker.activation_peak
     return Measured(layers=layers, activations=activations, grads_at_peak=grads_at_peak,
-                    optimizer_temp=max(0, optimizer_temp),
+                    optimizer_temp=max(0, optimizer_temp), saved=tracker.saved_peak,
                     params=sum(p.numel() for p in model.parameters()), flops=counter.get_total_flops())
