@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+from torch.utils._triton import has_triton
 
 try:
     from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
@@ -50,8 +51,6 @@ def kernel_fits(head_dim: int, device: torch.device) -> bool:
 @functools.cache
 def cuda_kernels(device: torch.device) -> bool:
     """Whether FlexAttention's Triton kernels serve this GPU: Triton installed, Ampere (8.0) or newer."""
-    from torch.utils._triton import has_triton
-
     return torch.cuda.get_device_capability(device) >= (8, 0) and has_triton()
 
 
