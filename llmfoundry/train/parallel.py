@@ -67,7 +67,6 @@ from llmfoundry.core.precision import DTYPES, low_dtype
 from llmfoundry.models.interface import hooks_of
 from llmfoundry.models.pretrained_weights import PretrainedWeights
 from llmfoundry.train import float8, layouts
-from llmfoundry.train.activation_ckpt import apply_activation_checkpointing as apply_activation_checkpointing  # plan
 from llmfoundry.train.activation_ckpt import checkpoint_modules
 from llmfoundry.train.settings import CompileConfig, FSDPConfig, TPConfig
 
