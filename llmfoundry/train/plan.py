@@ -15,7 +15,7 @@ Activations per activation_checkpointing_mode: none, ``full`` and ``selective_op
 and 2 blocks extrapolate); ``selective_layer_N`` composed from the none and full runs (``_mixed``).
 Time per step (roofline): model FLOPs (``flops_per_token``) plus the recompute (``full``: the forward again, x4/3;
 ``selective_op``: what FlopCounterMode counts it adding per block on the fake runs, about 1/12 of a block's forward
-matmuls; ``selective_layer_N``: k/L of a forward for its k = L // N full blocks) at MATMUL_EFFICIENCY of the GPU's peak, or the HBM traffic, whichever is longer, plus the FSDP2 collectives that do
+matmuls; ``selective_layer_N``: k/L of a forward for its k = L // N full blocks) at matmul_efficiency (by width) of the GPU's peak, or the HBM traffic, whichever is longer, plus the FSDP2 collectives that do
 not overlap (the first block's all-gather and the last reduce-scatter are exposed; the rest overlaps compute
 unless it takes longer). Each collective runs at its group's bus bandwidth: NVLink within a node; a group
 spanning nodes through all of each node's NICs (NCCL's one ring per NIC); HSDP's replica all-reduce through one.
@@ -34,7 +34,7 @@ from llmfoundry.core.precision import DTYPES, low_dtype, weight_dtype
 from llmfoundry.core.timeunits import Time
 from llmfoundry.train import plan_memory
 from llmfoundry.train.compat import device_batch_size
-from llmfoundry.train.plan_hardware import GPU, LINK_EFFICIENCY, MATMUL_EFFICIENCY
+from llmfoundry.train.plan_hardware import GPU, LINK_EFFICIENCY, matmul_efficiency
 from llmfoundry.train.settings import parse_checkpointing_mode
 
 
@@ -241,7 +241,7 @@ class Planner:
         tokens_gpu = self.device_batch * cfg.max_seq_len  # a TP group's ranks share their tokens
         flops = self.flops_per_token * tokens_gpu / self.tp
         flops *= 1 + recompute  # what activation checkpointing recomputes (recompute_share)
-        compute_s = flops / (gpu.bf16_flops * MATMUL_EFFICIENCY)
+        compute_s = flops / (gpu.bf16_flops * matmul_efficiency(getattr(cfg.model.settings, "d_model", 4096)))
         # HBM: weights read in forward and twice in backward per microbatch, activations written and read, the
         # optimizer reading and writing parameters, gradients and state
         hbm = micros * (3 * self.n_params / self.tp * pb + 2 * est.activations)

@@ -16,6 +16,7 @@ design, ConnectX-7; A100 DGX systems have 200 Gb/s per GPU, used for the a100 ki
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 GB = 1e9
@@ -44,7 +45,17 @@ GPUS = {
 }
 
 # What a well-tuned run reaches of the peak FLOP/s in its matmuls: the roofline's compute ceiling is scaled by it.
-# 0.6: llm-foundry's published H100 table reaches about 0.4-0.6 MFU for 1B-70B models (docs/plan-table.md).
+# 0.6 for wide models: llm-foundry's published H100 table reaches about 0.4-0.6 MFU for 1B-70B models
+# (docs/plan-table.md). Narrow ones reach less (normalisation, softmax, the loss and kernel launches weigh more
+# beside small matmuls): matmul_efficiency's width scale is fitted to this trainer's own compiled runs through
+# `llmfoundry train` on an H200 (benchmarks/results/gpu_h200.md, seq 2048, microbatch 16: d768 32.0%, d1024 43.7%,
+# d2048 55.8% MFU; the fit gives 32.2%, 38.5%, 52.3%).
 MATMUL_EFFICIENCY = 0.6
+EFFICIENCY_WIDTH = 1000.0
+
+
+def matmul_efficiency(d_model: int) -> float:
+    """The share of peak FLOP/s a model of this width reaches: MATMUL_EFFICIENCY x (1 - exp(-d / 1000))."""
+    return MATMUL_EFFICIENCY * (1.0 - math.exp(-max(1, d_model) / EFFICIENCY_WIDTH))
 # Collectives reach about this share of the link bandwidth (NCCL's bus bandwidth on NVLink and InfiniBand).
 LINK_EFFICIENCY = 0.8
