@@ -29,6 +29,23 @@ def tiny_model(seed: int = 0, **overrides) -> MPTForCausalLM:
     return model
 
 
+def masked_batch(second_document_ids: list[int] | None, padding: bool):
+    """(input_ids, model kwargs) of 2 x 24 tokens for the attention tests: ``second_document_ids`` gives packed
+    documents (row 0: three of them; row 1: these ids), ``padding`` an attention mask padding row 0 on the left and
+    row 1 on the right."""
+    torch.manual_seed(3)
+    x = torch.randint(2, 512, (2, 24))
+    kwargs = {}
+    if second_document_ids is not None:
+        kwargs["sequence_id"] = torch.tensor([[0] * 10 + [1] * 8 + [2] * 6, second_document_ids])
+    if padding:
+        mask = torch.ones_like(x)
+        mask[0, :7] = 0  # left padding
+        mask[1, -5:] = 0  # right padding
+        kwargs["attention_mask"] = mask
+    return x, kwargs
+
+
 def randomize_norms(model: torch.nn.Module, seed: int = 1) -> None:
     """Norm weights start at 1 / 0; perturb them so that parity tests would notice a swapped or missing norm."""
     g = torch.Generator().manual_seed(seed)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from llmfoundry.models.mpt.config import resolve_attn_impl
-from tests.models.helpers import randomize_norms, tiny_model
+from tests.models.helpers import masked_batch, randomize_norms, tiny_model
 
 POSITIONAL = {
     "learned": dict(learned_pos_emb=True),
@@ -38,17 +38,7 @@ def _model(impl, positional, masking, variant="mha", **extra):
 
 
 def _batch(masking):
-    torch.manual_seed(3)
-    x = torch.randint(2, 512, (2, 24))
-    kwargs = {}
-    if masking == "sequence_id":
-        kwargs["sequence_id"] = torch.tensor([[0] * 10 + [1] * 8 + [2] * 6, [0] * 24])
-    if masking == "padding":
-        mask = torch.ones_like(x)
-        mask[0, :7] = 0  # left padding
-        mask[1, -5:] = 0  # right padding
-        kwargs["attention_mask"] = mask
-    return x, kwargs
+    return masked_batch([0] * 24 if masking == "sequence_id" else None, masking == "padding")
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))

@@ -12,7 +12,7 @@ from llmfoundry.core.errors import ConfigError
 from llmfoundry.models.layers import flex_attention
 from llmfoundry.models.layers.attention import AttentionMask
 from llmfoundry.models.mpt.arch import MPTArch
-from tests.models.helpers import randomize_norms, tiny_model
+from tests.models.helpers import masked_batch, randomize_norms, tiny_model
 
 MASKING = {  # attn_config keys, and what the batch carries
     "causal": ({}, ()),
@@ -60,17 +60,8 @@ def _pair(positional, masking, heads, impl="flex", model_kw=None, **attn):
 
 
 def _batch(masking):
-    torch.manual_seed(3)
-    x = torch.randint(2, 512, (2, 24))
-    kwargs = {}
-    if "sequence_id" in MASKING[masking][1]:
-        kwargs["sequence_id"] = torch.tensor([[0] * 10 + [1] * 8 + [2] * 6, [0] * 5 + [1] * 19])
-    if "padding" in MASKING[masking][1]:
-        mask = torch.ones_like(x)
-        mask[0, :7] = 0  # left padding
-        mask[1, -5:] = 0  # right padding
-        kwargs["attention_mask"] = mask
-    return x, kwargs
+    packed = "sequence_id" in MASKING[masking][1]
+    return masked_batch([0] * 5 + [1] * 19 if packed else None, "padding" in MASKING[masking][1])
 
 
 @pytest.mark.parametrize("heads", list(HEADS))
