@@ -145,7 +145,7 @@ class MetricsLog:
         """Queue a batch's metrics; when ``flush``, log every queued batch and return this one's values (None when
         ``lag`` defers the read of CUDA tensors to :meth:`land`)."""
         self.pending.append((step, metrics, console))
-        if flush and lag and self._on_cuda():
+        if flush and lag and self._stageable():
             self.land()
             self._stage()
             return None
@@ -153,8 +153,13 @@ class MetricsLog:
         # hold device memory
         return self.flush() if flush or len(self.pending) >= MAX_PENDING else None
 
-    def _on_cuda(self) -> bool:
-        return any(t.device.type in LAG_DEVICES for _, metrics, _ in self.pending for t in _tensors_of(metrics))
+    def _stageable(self) -> bool:
+        """Whether the pending values can be staged: all on one device of LAG_DEVICES, as plain tensors (one
+        concatenation and one copy; anything else is read at once)."""
+        tensors = [t for _, metrics, _ in self.pending for t in _tensors_of(metrics)]
+        devices = {t.device for t in tensors}
+        return (len(devices) == 1 and next(iter(devices)).type in LAG_DEVICES
+                and all(type(t) is torch.Tensor for t in tensors))
 
     def _stage(self) -> None:
         """Start the copy of every pending tensor to pinned host memory, behind what the device has queued."""
