@@ -27,10 +27,6 @@ from llmfoundry.core import dist
 from llmfoundry.core.errors import CollectiveError
 from llmfoundry.data.batches import count_batch_tokens
 from llmfoundry.train.callbacks.base import Callback
-from llmfoundry.train.host_sums import host_group, host_sum
-
-# host_group / host_sum: the trainer makes the gloo group when it is built and sums its token counts with it
-__all__ = ["Derived", "MetricsLog", "host_group", "host_sum"]
 
 log = logging.getLogger(__name__)
 
@@ -77,21 +73,25 @@ Derived.__abs__ = lambda self: abs(float(self))  # type: ignore[method-assign]
 Derived.__hash__ = None  # type: ignore[assignment]  # compared by value, like the float it stands for
 
 
+def _concatenated(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, dict[int, tuple[int, int]]]:
+    """The tensors (one device) flattened into one float64 tensor, and where each one's values sit in it by id."""
+    where, start = {}, 0
+    for t in tensors:
+        where[id(t)] = (start, start + t.numel())
+        start += t.numel()
+    return torch.cat([t.detach().reshape(-1).to(torch.float64) for t in tensors]), where
+
+
 def read_tensors(tensors: list[torch.Tensor]) -> dict[int, list[float]]:
-    """{id(tensor): its values as floats}: one concatenation and one device-to-host transfer for all of them."""
-    unique = list({id(t): t for t in tensors}.values())
-    if not unique:
-        return {}
-    by_device: dict[torch.device, list[torch.Tensor]] = {}
-    for t in unique:
-        by_device.setdefault(t.device, []).append(t)
+    """{id(tensor): its values as floats}: one concatenation and one device-to-host transfer per device."""
+    by_device: dict[torch.device, dict[int, torch.Tensor]] = {}
+    for t in tensors:
+        by_device.setdefault(t.device, {})[id(t)] = t
     read: dict[int, list[float]] = {}
     for group in by_device.values():
-        flat = torch.cat([t.detach().reshape(-1).to(torch.float64) for t in group]).tolist()
-        start = 0
-        for t in group:
-            read[id(t)] = flat[start:start + t.numel()]
-            start += t.numel()
+        flat, where = _concatenated(list(group.values()))
+        values = flat.tolist()
+        read.update({key: values[a:b] for key, (a, b) in where.items()})
     return read
 
 
@@ -165,11 +165,7 @@ class MetricsLog:
         """Start the copy of every pending tensor to pinned host memory, behind what the device has queued."""
         pending, self.pending = self.pending, []
         unique = list({id(t): t for _, metrics, _ in pending for t in _tensors_of(metrics)}.values())
-        where, start = {}, 0
-        for t in unique:
-            where[id(t)] = (start, start + t.numel())
-            start += t.numel()
-        flat = torch.cat([t.detach().reshape(-1).to(torch.float64) for t in unique])
+        flat, where = _concatenated(unique)
         host = flat.to("cpu", non_blocking=True)  # into pinned memory: the host does not wait here
         done = None
         if flat.is_cuda:

@@ -28,7 +28,8 @@ from llmfoundry.eval.sections import eval_sections
 from llmfoundry.models.interface import label_offset
 from llmfoundry.models.loss import TokenLoss, aux_loss_sum
 from llmfoundry.models.metrics import LanguageMetrics, eval_metric_names, train_metric_names
-from llmfoundry.train import checkpoint, checkpointer, compat, composer_checkpoint, parallel, preemption, step_metrics
+from llmfoundry.train import (checkpoint, checkpointer, compat, composer_checkpoint, host_sums, parallel, preemption,
+                              step_metrics)
 from llmfoundry.train.builders import (
     build_dataloader,
     build_model,
@@ -108,7 +109,7 @@ class Trainer:
         self.checkpointer = checkpointer.Checkpointer(cfg.save_folder, cfg.checkpoint_upload,
                                                     keep=cfg.save_num_checkpoints_to_keep,
                                                     overwrite=cfg.save_overwrite, save_async=cfg.save_async)
-        step_metrics.host_group()  # every rank together: the gloo group of host sums (token counts, preemption votes)
+        host_sums.host_group()  # every rank together: the gloo group of host sums (token counts, preemption votes)
         self.preemption = preemption.Preemption(  # stop cleanly when asked to
             cfg.preemption_signal, cfg.preemption_check_interval, cfg.exit_before_walltime)
 
@@ -305,7 +306,7 @@ class Trainer:
                     raise
                 oom = True
             if self.auto_microbatch and self.device.type == "cuda" and self.dist.world_size > 1:
-                oom = step_metrics.host_sum(int(oom)) > 0  # on the host: no device sync per step
+                oom = host_sums.host_sum(int(oom)) > 0  # on the host: no device sync per step
             if not oom:
                 break
             if self.microbatch_size == 1:
@@ -349,7 +350,7 @@ class Trainer:
         self.time.batch += 1
         self.time.batch_in_epoch += 1
         self.time.sample += num_samples * self.data_share.size
-        self.time.token += step_metrics.host_sum(local_tokens) // self.data_share.replication  # exact, no sync
+        self.time.token += host_sums.host_sum(local_tokens) // self.data_share.replication  # exact, no sync
         self._estimate_end()  # before the callbacks' on_batch_end, which may stop training here
         metrics.update(step_metrics.loss_metrics(loss, aux))  # a non-finite loss is warned of when it is read
         metrics.update(step_metrics.train_metrics(self.train_metrics, "metrics/train"))
