@@ -32,19 +32,15 @@ def host_group():
 
 def host_sum(value, dtype: torch.dtype = torch.int64):
     """``value`` (an int, or a float with dtype float64) summed over every rank, on the host."""
-    if not tdist.is_initialized() or tdist.get_world_size() == 1:
-        return value
-    tensor = torch.tensor([value], dtype=dtype)
-    with dist.collective("all_reduce (sum) of host numbers"):
-        tdist.all_reduce(tensor, op=tdist.ReduceOp.SUM, group=host_group())
-    return tensor.tolist()[0]
+    return host_sums([value], dtype)[0]
 
 
-def host_sums(values: list[int]) -> list[int]:
-    """Each of ``values`` (ints) summed over every rank, on the host, in one collective."""
+def host_sums(values: list, dtype: torch.dtype = torch.int64) -> list:
+    """Each of ``values`` (ints, or floats with dtype float64) summed over every rank, on the host, in one
+    collective."""
     if not tdist.is_initialized() or tdist.get_world_size() == 1:
         return list(values)
-    tensor = torch.tensor(values, dtype=torch.int64)
+    tensor = torch.tensor(values, dtype=dtype)
     with dist.collective("all_reduce (sum) of host numbers"):
         tdist.all_reduce(tensor, op=tdist.ReduceOp.SUM, group=host_group())
     return tensor.tolist()
