@@ -19,7 +19,8 @@ import functools
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+from torch.utils.checkpoint import (CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts,
+                                    noop_context_fn)
 
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.train.settings import parse_checkpointing_mode
@@ -72,14 +73,13 @@ def apply_activation_checkpointing(module: nn.Module, reentrant: bool, selective
     def checkpointed(*args, **kwargs):
         if not torch.is_grad_enabled():
             return forward(*args, **kwargs)
-        if selective_op:
-            return checkpoint(forward, *args, use_reentrant=False, context_fn=_op_policy, **kwargs)
-        if reentrant:
+        if reentrant and not selective_op:
             if kwargs:
                 raise ValueError("activation_checkpointing_reentrant: the block takes keyword arguments; "
                                  "set activation_checkpointing_reentrant: false")
             return checkpoint(forward, *args, use_reentrant=True)
-        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        policy = _op_policy if selective_op else noop_context_fn
+        return checkpoint(forward, *args, use_reentrant=False, context_fn=policy, **kwargs)
 
     module.forward = checkpointed
 

@@ -114,8 +114,9 @@ class Planner:
 
     def _extrapolated(self, micro: int, mode: str | None, dtype: torch.dtype) -> tuple[float, float, float]:
         """(activations, gradients made before their peak, optimizer temporaries) of the whole model, one rank."""
-        if mode is not None and parse_checkpointing_mode(mode)[0] == "selective_layer":
-            return self._mixed(micro, parse_checkpointing_mode(mode)[1], dtype)
+        kind, every = parse_checkpointing_mode(mode) if mode is not None else (None, 0)
+        if kind == "selective_layer":
+            return self._mixed(micro, every, dtype)
         runs = self._measure(micro, mode, dtype)
         if len(runs) == 1:
             return float(runs[0].activations), float(runs[0].grads_at_peak), float(runs[0].optimizer_temp)
