@@ -1,5 +1,5 @@
 """Object storage: the one module that talks to ``s3://`` stores (AWS S3, R2, MinIO, any S3-compatible endpoint)
-and, for checkpoints, models and loader remotes so far, ``gs://`` and Azure (``azure://`` and the other spellings) through
+and, for checkpoints, models and MDS data so far, ``gs://`` and Azure (``azure://`` and the other spellings) through
 core/fsspec_store.py (gcsfs, adlfs: the same client calls) and ``oci://`` through OCI's S3 API (core/oci.py).
 
 Everything that reads or writes a URL goes through here: checkpoints (train.checkpointer / train.uploads), data
@@ -7,7 +7,7 @@ preparation (data.prep), ICL task files (eval.icl.data) and model folders (loadi
 
 * URL handling: :func:`is_remote` (any ``scheme://`` URL, never a local folder), :func:`split_url`, :func:`join`;
   a URL of a store a key does not take (``hf://``, ``dbfs:``; ``gs://``, Azure and ``oci://`` outside checkpoints,
-  models and loader remotes) is a one-line error;
+  models and MDS data) is a one-line error;
 * :func:`client`: a boto3 S3 client with connect/read timeouts; the endpoint from ``S3_ENDPOINT_URL`` (or
   ``AWS_ENDPOINT_URL_S3``), credentials from boto3's usual chain (oci://: core/oci.py's);
 * :class:`Retry` (exponential backoff until a deadline) for callers that must survive an outage;
@@ -43,8 +43,8 @@ GS = "gs://"
 AZURE = azure.SCHEMES  # azure://, az://, abfs://, abfss://, azure-dl://: one store, the container first
 OCI = oci.SCHEME  # oci://bucket/path (or bucket@namespace): OCI's S3 compatibility API, core/oci.py
 # Checkpoints (save_folder, load_path, autoresume), models (hf_checkpointer's exports, convert's input and OUT_DIR,
-# eval/generate model paths) and MDS data (a loader's remote; streaming downloads through us,
-# data/streaming_stores.py) take every store here; task files, converters' outputs and the rest S3 only.
+# eval/generate model paths) and MDS data (a loader's remote, the converters' output; streaming downloads and
+# uploads through us, data/streaming_stores.py) take every store here; task files and the rest S3 only.
 CHECKPOINT_STORES = (S3, GS, *AZURE, OCI)
 DATA_STORES = (S3, GS, *AZURE, OCI)
 FSSPEC_STORES = (GS, *AZURE)  # answered by core/fsspec_store.FsspecClient
@@ -86,8 +86,8 @@ def check_url(url: str, key: str = "path", stores: tuple[str, ...] = (S3,)) -> N
                       f"{named} (any S3-compatible store works through S3_ENDPOINT_URL)")
 
 
-FSSPEC_KEYS = ("the top-level save_folder and load_path, a loader's remote, hf_checkpointer's save_folder and model "
-               "paths (convert, eval, generate)")  # (said for gs://, Azure, oci://)
+FSSPEC_KEYS = ("the top-level save_folder and load_path, a loader's remote, hf_checkpointer's save_folder, model "
+               "paths (convert, eval, generate) and the converters' output")  # (said for gs://, Azure, oci://)
 
 
 def split_url(url: str, key: str = "path", stores: tuple[str, ...] = (S3,)) -> tuple[str, str]:
@@ -467,10 +467,10 @@ def download_file(url: str, dest: str | Path, stores: tuple[str, ...] = (S3,)) -
     os.replace(tmp, dest)
 
 
-def list_files(root: str, suffixes: tuple[str, ...]) -> list[str]:
+def list_files(root: str, suffixes: tuple[str, ...], stores: tuple[str, ...] = (S3,)) -> list[str]:
     """Files under ``root`` (recursively, sorted) whose names end with one of ``suffixes``; local or remote."""
     if is_remote(root):
-        folder = ObjectFolder(root, max_attempts=3)
+        folder = ObjectFolder(root, max_attempts=3, stores=stores)
         return sorted(f"{'/'.join(root.split('/', 3)[:3])}/{k}" for k in folder.list_keys() if k.endswith(suffixes))
     found = []
     for folder, _, names in os.walk(root):
@@ -478,12 +478,12 @@ def list_files(root: str, suffixes: tuple[str, ...]) -> list[str]:
     return sorted(found)
 
 
-def remove_tree(root: str) -> None:
+def remove_tree(root: str, stores: tuple[str, ...] = (S3,)) -> None:
     """Delete a local folder or every object under a URL's prefix."""
     if not is_remote(root):
         shutil.rmtree(root, ignore_errors=True)
         return
-    folder = ObjectFolder(root, max_attempts=3)
+    folder = ObjectFolder(root, max_attempts=3, stores=stores)
     folder.delete(folder.list_keys())
 
 
