@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import weakref
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -35,6 +36,11 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from llmfoundry.models.interface import hooks_of
+
+try:  # the one torch function that names a state key (the names get_model_state_dict gives); see StateNames
+    from torch.distributed.checkpoint.state_dict import _get_fqns
+except ImportError:  # a torch that moved it: every save asks torch's get_*_state_dict, which is slower, not wrong
+    _get_fqns = None
 
 Kind = Literal["sharded", "shared", "per_rank"]
 
@@ -88,7 +94,7 @@ class ModelState:
         return ModelState(self.model, strict=self.strict, ignore=ignore)
 
     def state_dict(self) -> dict[str, Any]:
-        state = get_model_state_dict(self.model)
+        state = names_of(self.model).model_state()
         if hooks_of(self.model).saves_adapters_only:
             trained = {name for name, param in self.model.named_parameters() if param.requires_grad}
             state = {name: value for name, value in state.items() if name in trained}
@@ -116,11 +122,73 @@ class OptimizerState:
         return OptimizerState(self.model, self.optimizer, strict=False)  # as the model's, once patterns act
 
     def state_dict(self) -> dict[str, Any]:
-        return get_optimizer_state_dict(self.model, self.optimizer)
+        return names_of(self.model).optimizer_state(self.optimizer)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         strict = self.strict and not hooks_of(self.model).saves_adapters_only
         set_optimizer_state_dict(self.model, self.optimizer, state, options=StateDictOptions(strict=strict))
+
+
+class StateNames:
+    """The names torch.distributed.checkpoint gives a model's state and its optimizer's (wrappers such as
+    torch.compile's ``_orig_mod.`` and activation checkpointing's taken out), worked out once per model.
+
+    torch's ``get_model_state_dict`` / ``get_optimizer_state_dict`` work every name out again at every call: about
+    25 ms each for a 24-block MPT's 300 tensors, most of the time a save_async holds the training loop (issue #30).
+    The dicts given here are torch's, key for key and in the same order (tests/train/test_checkpoint_components.py
+    compares them); a name is worked out again when the model's state keys or the optimizer's parameters change,
+    and torch's functions answer wherever they would do more than name (an optimizer with no state yet, which
+    torch first fills with a step of zero gradients; state torch names more than one way)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self._model = weakref.ref(model)
+        self._keys: dict[str, str] | None = None  # model.state_dict()'s key -> its name
+        self._params: list[torch.Tensor] = []  # the optimizer's parameters, in its order, when named
+        self._param_names: list[str] | None = None
+
+    def _name(self, key: str) -> str | None:
+        names = _get_fqns(self._model(), key) if _get_fqns is not None else ()
+        return next(iter(names)) if len(names) == 1 else None
+
+    def model_state(self) -> dict[str, Any]:
+        model = self._model()
+        raw = model.state_dict()
+        if self._keys is None or raw.keys() != self._keys.keys():
+            self._keys = {key: self._name(key) for key in raw}
+        if not raw or None in self._keys.values():
+            return get_model_state_dict(model)
+        state, moved = {}, {}
+        for key, value in raw.items():  # torch moves a renamed key to the end
+            name = self._keys[key]
+            (state if name == key else moved)[name] = value
+        state.update(moved)
+        return state
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        model = self._model()
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        if len(params) != len(self._params) or any(a is not b for a, b in zip(params, self._params)):
+            named = {}
+            for key, param in model.named_parameters():
+                named.setdefault(param, key)
+            self._params = params
+            self._param_names = [self._name(named[p]) if p in named else None for p in params]
+        if not optimizer.state or None in self._param_names:
+            return get_optimizer_state_dict(model, optimizer)
+        raw = optimizer.state_dict()  # its parameters are numbered in the order of param_groups
+        names = self._param_names
+        groups = [{**group, "params": [names[i] for i in group["params"]]} for group in raw["param_groups"]]
+        return {"state": {names[i]: value for i, value in raw["state"].items()}, "param_groups": groups}
+
+
+_NAMES: "weakref.WeakKeyDictionary[torch.nn.Module, StateNames]" = weakref.WeakKeyDictionary()
+
+
+def names_of(model: torch.nn.Module) -> StateNames:
+    """The model's :class:`StateNames`, kept for as long as the model lives (one per model, across saves)."""
+    if model not in _NAMES:
+        _NAMES[model] = StateNames(model)
+    return _NAMES[model]
 
 
 class RNGState:

@@ -1,14 +1,18 @@
 """Two FSDP2 ranks (forked by the tests' rank server) accumulate two microbatches through parallel.gradient_sync:
 each rank's gradients must be reduce-scattered shards after the first microbatch already (never the whole model's
-gradients held until the last), and the sum after the last must be the two microbatches' gradients together."""
+gradients held until the last), and the sum after the last must be the two microbatches' gradients together.
+After an optimizer step, the state a checkpoint saves (train.components' names worked out once) must be torch's
+get_model_state_dict / get_optimizer_state_dict of the sharded model, key for key."""
 
 import sys
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
+from llmfoundry.train.components import names_of
 from llmfoundry.train.parallel import gradient_sync
 
 dist.init_process_group("gloo")
@@ -41,5 +45,24 @@ for (name, p), (_, q) in zip(model.named_parameters(), reference.named_parameter
     whole /= dist.get_world_size()  # FSDP2 averages over the data-parallel ranks
     if not torch.allclose(p.grad.full_tensor(), whole, atol=1e-5):
         sys.exit(f"{name}: accumulated gradient differs from the two microbatches' together")
+optimizer = torch.optim.AdamW(model.parameters())
+optimizer.step()
+
+
+def same(ours, theirs) -> bool:  # same keys in the same order, the same (live) local shards
+    if isinstance(ours, dict):
+        return list(ours) == list(theirs) and all(same(ours[k], theirs[k]) for k in ours)
+    if isinstance(ours, list):
+        return len(ours) == len(theirs) and all(map(same, ours, theirs))
+    if isinstance(ours, torch.Tensor):
+        mine, torchs = (t.to_local() if hasattr(t, "to_local") else t for t in (ours, theirs))
+        return mine.data_ptr() == torchs.data_ptr() and torch.equal(mine, torchs)
+    return ours == theirs
+
+
+names = names_of(model)
+if not (same(names.model_state(), get_model_state_dict(model))
+        and same(names.optimizer_state(optimizer), get_optimizer_state_dict(model, optimizer))):
+    sys.exit("the state a checkpoint saves differs from torch's get_model_state_dict / get_optimizer_state_dict")
 print(f"rank {dist.get_rank()}: shards after the first microbatch, sums right after the last")
 dist.destroy_process_group()

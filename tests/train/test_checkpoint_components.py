@@ -96,3 +96,57 @@ def test_a_checkpoint_without_its_rank0_file_is_a_one_line_error_not_a_fresh_sta
     assert "\n" not in str(error.value)
     weights_only = make_trainer(recipe(eval_loader=None, load_path=str(folder), load_weights_only=True))
     assert weights_only.time.batch == 0
+
+
+def _same_state(ours, theirs) -> bool:
+    """The same keys in the same order, and the same tensors (the live ones: same storage, same values)."""
+    if isinstance(ours, dict):
+        return (isinstance(theirs, dict) and list(ours) == list(theirs)
+                and all(_same_state(ours[k], theirs[k]) for k in ours))
+    if isinstance(ours, list):
+        return isinstance(theirs, list) and len(ours) == len(theirs) and all(map(_same_state, ours, theirs))
+    if isinstance(ours, torch.Tensor):
+        return (isinstance(theirs, torch.Tensor) and ours.data_ptr() == theirs.data_ptr()
+                and torch.equal(ours, theirs))
+    return ours == theirs
+
+
+def test_state_names_worked_out_once_give_torchs_state_dicts_for_wrapped_models_and_param_groups():
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    from llmfoundry.models.mpt.config import MPTConfig
+    from llmfoundry.models.mpt.model import MPTForCausalLM
+    from llmfoundry.train.components import names_of
+
+    torch.manual_seed(0)
+    model = MPTForCausalLM(MPTConfig(d_model=16, n_heads=2, n_layers=2, expansion_ratio=2, max_seq_len=8,
+                                     vocab_size=64, attn_config={"attn_impl": "torch", "alibi": True},
+                                     learned_pos_emb=False))
+    model.transformer.blocks[1] = checkpoint_wrapper(model.transformer.blocks[1])  # names with a wrapper inside
+    wrapped = torch.compile(model, backend="eager")  # an `_orig_mod.` prefix (compiled lazily: never run here)
+    decay = [p for n, p in model.named_parameters() if n.endswith("weight")]
+    optimizer = torch.optim.AdamW([{"params": decay}, {"params": [p for p in model.parameters()
+                                                                   if all(p is not q for q in decay)],
+                                                        "weight_decay": 0.0}])
+    names = names_of(wrapped)
+    assert names is names_of(wrapped)  # one per model, kept across saves
+
+    # before the first step torch fills the optimizer's state with a step of zero gradients: its function answers
+    assert _same_state(names.optimizer_state(optimizer), get_optimizer_state_dict(wrapped, optimizer))
+    model(torch.randint(0, 64, (2, 8))).logits.sum().backward()
+    optimizer.step()
+    for _ in range(2):  # worked out at the first call, kept at the second
+        ours, theirs = names.model_state(), get_model_state_dict(wrapped)
+        assert any("_orig_mod" in k or "_checkpoint_wrapped_module" in k for k in wrapped.state_dict())
+        assert _same_state(ours, theirs) and not any("_orig_mod" in k or "_checkpoint" in k for k in ours)
+        assert _same_state(names.optimizer_state(optimizer), get_optimizer_state_dict(wrapped, optimizer))
+
+    # a changed model or optimizer is named again
+    model.transformer.extra = torch.nn.Linear(2, 2)
+    optimizer.add_param_group({"params": list(model.transformer.extra.parameters())})
+    model.transformer.extra(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    assert "transformer.extra.weight" in names.model_state()
+    assert _same_state(names.model_state(), get_model_state_dict(wrapped))
+    assert _same_state(names.optimizer_state(optimizer), get_optimizer_state_dict(wrapped, optimizer))
