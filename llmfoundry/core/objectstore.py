@@ -1,13 +1,13 @@
 """Object storage: the one module that talks to ``s3://`` stores (AWS S3, R2, MinIO, any S3-compatible endpoint)
-and, for checkpoints, models and MDS data so far, ``gs://`` and Azure (``azure://`` and the other spellings) through
-core/fsspec_store.py (gcsfs, adlfs: the same client calls) and ``oci://`` through OCI's S3 API (core/oci.py).
+and, for checkpoints, models and MDS data, ``gs://`` and Azure through core/fsspec_store.py (gcsfs, adlfs), ``oci://``
+through OCI's S3 API (core/oci.py) and, read-only, the Hugging Face Hub (``hf://``, core/hf_store.py).
 
 Everything that reads or writes a URL goes through here: checkpoints (train.checkpointer / train.uploads), data
 preparation (data.prep), ICL task files (eval.icl.data) and model folders (loading). It gives
 
 * URL handling: :func:`is_remote` (any ``scheme://`` URL, never a local folder), :func:`split_url`, :func:`join`;
-  a URL of a store a key does not take (``hf://``, ``dbfs:``; ``gs://``, Azure and ``oci://`` outside checkpoints,
-  models and MDS data) is a one-line error;
+  a URL of a store a key does not take (``dbfs:``; ``hf://`` where a key writes; ``gs://``, Azure and ``oci://``
+  outside checkpoints, models and MDS data) is a one-line error;
 * :func:`client`: a boto3 S3 client with connect/read timeouts; the endpoint from ``S3_ENDPOINT_URL`` (or
   ``AWS_ENDPOINT_URL_S3``), credentials from boto3's usual chain (oci://: core/oci.py's);
 * :class:`Retry` (exponential backoff until a deadline) for callers that must survive an outage;
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from llmfoundry.core import azure, oci
+from llmfoundry.core import azure, hf_store, oci
 from llmfoundry.core.errors import ConfigError, first_line
 from llmfoundry.core.gcs import GCSClient
 from llmfoundry.core.gcs import emulator as gcs_emulator
@@ -42,6 +42,7 @@ S3 = "s3://"
 GS = "gs://"
 AZURE = azure.SCHEMES  # azure://, az://, abfs://, abfss://, azure-dl://: one store, the container first
 OCI = oci.SCHEME  # oci://bucket/path (or bucket@namespace): OCI's S3 compatibility API, core/oci.py
+HF = hf_store.SCHEME  # hf://[datasets/]ORG/NAME[@REV]/path: the Hugging Face Hub, read-only (core/hf_store.py)
 # Checkpoints (save_folder, load_path, autoresume), models (hf_checkpointer's exports, convert's input and OUT_DIR,
 # eval/generate model paths) and MDS data (a loader's remote, the converters' output; streaming downloads and
 # uploads through us, data/streaming_stores.py) take every store here; task files and the rest S3 only.
@@ -49,10 +50,9 @@ CHECKPOINT_STORES = (S3, GS, *AZURE, OCI)
 DATA_STORES = (S3, GS, *AZURE, OCI)
 FSSPEC_STORES = (GS, *AZURE)  # answered by core/fsspec_store.FsspecClient
 ROUTED_STORES = (*FSSPEC_STORES, OCI)  # stores whose data streaming downloads with our clients
+SOURCES = (*CHECKPOINT_STORES, HF)  # keys that only read (hf_store.READ_BY) take hf:// too; keys that write refuse it
 # The optional package each of those needs, and the extra that installs it.
 NEEDS = {GS: ("gcsfs", "gcs"), **{scheme: ("adlfs", "azure") for scheme in AZURE}}
-# Stores that llm-foundry (through Composer) reads; named in the error so that a recipe using one fails clearly.
-OTHER_STORES = ("wasb://", "wasbs://", "hf://", "dbfs:", "uc://")  # fmt: skip
 _MISSING = {"404", "nosuchkey", "notfound", "nosuchbucket", "nosuchentity"}
 
 
@@ -67,6 +67,8 @@ def is_remote(path: str | os.PathLike | None) -> bool:
 def check_url(url: str, key: str = "path", stores: tuple[str, ...] = (S3,)) -> None:
     """Raise a one-line ConfigError unless ``url`` is a ``scheme://bucket[/prefix]`` URL of one of ``stores``."""
     scheme = url.split("://", 1)[0] + "://" if "://" in url else url.split(":", 1)[0] + ":"
+    if scheme == HF:
+        hf_store.check(url, key, readable=HF in stores)
     if scheme in stores:
         if not url[len(scheme):].partition("/")[0]:
             raise ConfigError(f"{key}: '{url}' has no bucket (use {scheme}bucket/path)")
@@ -104,10 +106,6 @@ def join(root: str, *parts: str) -> str:
     return os.path.join(root, *parts)
 
 
-def _join_key(*parts: str) -> str:
-    return "/".join(p.strip("/") for p in parts if p.strip("/"))
-
-
 # ----------------------------------------------------------------------------------------------- client and errors
 def client_for(url: str, max_attempts: int = 3, key: str = "path"):
     """The client for ``url``'s store: boto3's S3 client, or for ``gs://`` and Azure an fsspec_store.FsspecClient
@@ -121,6 +119,8 @@ def client_for(url: str, max_attempts: int = 3, key: str = "path"):
             raise ConfigError(f"{key}: '{url}': {error}") from None
     if url.startswith(OCI):
         return client(max_attempts=max_attempts, oci_settings=oci.configured(url, key))
+    if url.startswith(HF):
+        return hf_store.client(url, key)
     return client(max_attempts=max_attempts)
 
 
@@ -244,6 +244,8 @@ def explain(error: BaseException, url: str, key: str) -> ConfigError:
     """A one-line ConfigError for an object-store error met while setting up (not while uploading)."""
     code = error_code(error)
     bucket = url.split("://", 1)[1].partition("/")[0] if "://" in url else url
+    if url.startswith(HF):  # a repository, not a bucket
+        return hf_store.explain(url, key, code, is_missing(error), first_line(error))
     if url.startswith(OCI):
         bucket, where, setting, credentials = oci.described(url)
     elif url.startswith(GS):
@@ -326,7 +328,7 @@ class ObjectFolder:
         return Retry(deadline, initial_s=0.1, max_s=4.0, on_retry=counted, only_if=is_transient).call(fn)
 
     def key(self, *parts: str) -> str:
-        return _join_key(self.prefix, *parts)
+        return "/".join(p.strip("/") for p in (self.prefix, *parts) if p.strip("/"))
 
     def exists(self, *parts: str) -> bool:
         try:

@@ -72,7 +72,7 @@ class StreamingOptions:
     def check_settings(self, path: str) -> list[str]:
         if self.streams and (self.remote is not None or self.local is not None):
             return [f"{path}: set either streams or remote/local, not both"]
-        # A URL of a store we cannot read (oci://, hf://, dbfs:) is an error, never a local folder.
+        # A URL of a store we cannot read (dbfs:, wasb://) is an error, never a local folder.
         remotes = [(f"{path}.remote", self.remote)]
         remotes += [(f"{path}.streams.{name}.remote", s.remote) for name, s in (self.streams or {}).items()]
         return [problem for key, url in remotes for problem in url_problems(url, key)]
@@ -80,11 +80,11 @@ class StreamingOptions:
 
 def url_problems(url: str | None, key: str) -> list[str]:
     """The one-line error for an object-store URL we cannot read data from under ``key`` (none for s3://, gs://,
-    Azure or a path)."""
+    Azure, oci://, hf:// or a path)."""
     if not objectstore.is_remote(url):
         return []
     try:
-        objectstore.check_url(url, key, objectstore.DATA_STORES)
+        objectstore.check_url(url, key, objectstore.SOURCES)
     except ConfigError as error:
         return [str(error)]
     return []

@@ -225,7 +225,7 @@ def resolve_load_path(path: str, staging: Path) -> str:
         try:
             composer = _remote_composer_checkpoint(path.rstrip("/"))
             if composer is not None and composer[1].endswith(".pt") and not objectstore.ObjectFolder(
-                    composer[0], "load_path", stores=objectstore.CHECKPOINT_STORES).exists(composer[1]):
+                    composer[0], "load_path", stores=objectstore.SOURCES).exists(composer[1]):
                 found = str(objectstore.explain(FileNotFoundError(path), path, "load_path"))
             elif composer is not None:
                 found = composer
@@ -243,7 +243,7 @@ def resolve_load_path(path: str, staging: Path) -> str:
         dest = Path(staging) / "downloads" / found[1]
         if int(os.environ.get("LOCAL_RANK", "0")) == 0:
             dest.parent.mkdir(parents=True, exist_ok=True)
-            objectstore.download_file(objectstore.join(found[0], found[1]), dest, objectstore.CHECKPOINT_STORES)
+            objectstore.download_file(objectstore.join(found[0], found[1]), dest, objectstore.SOURCES)
         dist.barrier()
         return str(dest)
     return fetch(found[0], found[1], staging)
@@ -256,7 +256,7 @@ def _remote_composer_checkpoint(url: str, pointers_only: bool = False) -> tuple[
     parent, _, last = url.rpartition("/")
     if last.endswith(".pt") and not parent.endswith(":/") and not pointers_only:
         return parent, last
-    folder = objectstore.ObjectFolder(url, "load_path", stores=objectstore.CHECKPOINT_STORES)
+    folder = objectstore.ObjectFolder(url, "load_path", stores=objectstore.SOURCES)
     if (not pointers_only and folder.exists(".metadata") and not folder.exists("rank0.pt")
             and not parent.endswith(":/")):
         return parent, last
@@ -269,13 +269,13 @@ def _remote_composer_checkpoint(url: str, pointers_only: bool = False) -> tuple[
 
 
 def stage_model_path(path: str, key: str = "load_path") -> str:
-    """A local path for a model path: ``path`` itself unless it is a URL (any CHECKPOINT_STORES store), in which
+    """A local path for a model path: ``path`` itself unless it is a URL (any SOURCES store, hf:// too), in which
     case one of our checkpoints (or a save_folder's newest complete one), or a Hugging Face folder (recognised by
     its ``config.json``), is downloaded into the staging folder and the local copy's path returned. Used by
     llmfoundry.loading."""
     if not objectstore.is_remote(path):
         return path
-    objectstore.check_url(path, key, objectstore.CHECKPOINT_STORES)  # convert, eval, generate: every store
+    objectstore.check_url(path, key, objectstore.SOURCES)  # convert, eval, generate: every store, hf:// too
     staging = remote_staging(path)
     try:
         url = path.rstrip("/")

@@ -247,10 +247,11 @@ class TrainConfig:
         """Keys that need one another, and store URLs we cannot use, reported before anything is built."""
         prefix = f"{path}." if path else ""
         problems = compat.finish_recipe(self, prefix)
-        for key, url in (("save_folder", self.save_folder), ("load_path", self.load_path)):
+        for key, url, stores in (("save_folder", self.save_folder, objectstore.CHECKPOINT_STORES),
+                                 ("load_path", self.load_path, objectstore.SOURCES)):  # hf:// is read, never written
             if objectstore.is_remote(url):
                 try:
-                    objectstore.check_url(url, prefix + key, objectstore.CHECKPOINT_STORES)
+                    objectstore.check_url(url, prefix + key, stores)
                 except ConfigError as error:
                     problems.append(str(error))
         if self.autoresume and not self.save_folder:

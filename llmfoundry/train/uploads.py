@@ -38,13 +38,18 @@ log = logging.getLogger(__name__)
 
 COMPLETE = ".complete"
 UPLOADED = ".uploaded"
+METADATA = ".metadata"  # DCP's, in every checkpoint
 
 
 class RemoteCheckpoints(objectstore.ObjectFolder):
-    """A save_folder in an object store: list complete checkpoints, find the latest, download or delete one."""
+    """A save_folder in an object store (or a Hub repo, read-only): list complete checkpoints, find the latest,
+    download or delete one."""
 
     def __init__(self, url: str, key: str = "path", *, max_attempts: int = 1):
-        super().__init__(url, key, max_attempts=max_attempts, stores=objectstore.CHECKPOINT_STORES)
+        super().__init__(url, key, max_attempts=max_attempts, stores=objectstore.SOURCES)
+        # A Hub repo changes by commits, each one whole or not at all (``hf upload`` of a local save_folder, whose
+        # checkpoints have no upload markers): there a checkpoint is complete once it has .metadata, as on disk.
+        self.marker = METADATA if self.url.startswith(objectstore.HF) else COMPLETE
 
     def complete_checkpoints(self) -> list[str]:
         """Names of complete checkpoints, oldest first."""
@@ -53,14 +58,14 @@ class RemoteCheckpoints(objectstore.ObjectFolder):
         for key in self.list_keys():
             rest = key[len(base) + 1:] if base else key
             parts = rest.split("/")
-            if len(parts) == 2 and parts[1] == COMPLETE and (m := CHECKPOINT_NAME.match(parts[0])):
+            if len(parts) == 2 and parts[1] == self.marker and (m := CHECKPOINT_NAME.match(parts[0])):
                 found.append((int(m.group(2)), parts[0]))
         return [name for _, name in sorted(found)]
 
     def latest(self) -> str | None:
         """The newest complete checkpoint: the one ``latest`` names if it is complete, else the newest listed."""
         name = (self.read_text(LATEST) or "").strip()
-        if name and self.exists(name, COMPLETE):
+        if name and self.exists(name, self.marker):
             return name
         complete = self.complete_checkpoints()
         return complete[-1] if complete else None
@@ -84,9 +89,9 @@ def resolve_remote(url: str, key: str = "load_path") -> tuple[RemoteCheckpoints,
     parent, _, last = url.rpartition("/")
     if CHECKPOINT_NAME.match(last) and not parent.endswith(":/"):
         folder = RemoteCheckpoints(parent, key)
-        if folder.exists(last, COMPLETE):
+        if folder.exists(last, folder.marker):
             return folder, last
-        raise ConfigError(f"{key}: '{url}' is not a complete checkpoint (no {COMPLETE} marker)")
+        raise ConfigError(f"{key}: '{url}' is not a complete checkpoint (no {folder.marker} marker)")
     folder = RemoteCheckpoints(url, key)
     name = folder.latest()
     if name is None:

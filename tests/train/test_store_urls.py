@@ -1,6 +1,6 @@
 """Object-store URLs a path key cannot use are a one-line validation error, never a local folder: s3:// works
-everywhere, gs://, Azure and oci:// for the top-level save_folder / load_path and a loader's remote, the others
-nowhere yet."""
+everywhere, gs://, Azure and oci:// for the top-level save_folder / load_path and a loader's remote, hf:// for
+reading only (tests/train/test_hf_sources.py), the others nowhere yet."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from llmfoundry.eval.config import ICLTaskConfig
 from llmfoundry.train.recipe import TrainConfig, validate
 
 OTHER_STORES = ["gs://bucket/data", "oci://bucket@ns/data", "azure://container/data", "abfss://c@acct.dfs/x",
-                "hf://org/data", "dbfs:/Volumes/data"]
+                "dbfs:/Volumes/data"]
 FSSPEC = ("gs://", "azure://", "az://", "abfs://", "abfss://", "oci://")  # these work for checkpoints and data
 NOT_GS = [url for url in OTHER_STORES if not url.startswith(FSSPEC)]
 

@@ -59,7 +59,7 @@ def test_problems_of_different_sections_are_reported_together(recipe, tmp_path, 
 @pytest.mark.parametrize("overrides, problem", [
     ({"autoresume": True}, "autoresume: needs save_folder (the folder to resume from)"),
     ({"eval_gauntlet": {"categories": []}}, "eval_gauntlet: needs icl_tasks"),
-    ({"save_folder": "hf://org/run"}, "save_folder: 'hf://org/run': hf:// object stores are not supported"),
+    ({"save_folder": "hf://org/run"}, "save_folder: 'hf://org/run': hf:// is read-only here"),
     ({"load_path": "s3:///run"}, "load_path: 's3:///run' has no bucket"),
     ({"callbacks": {"mono_checkpoint_saver": {"save_folder": "gs://bucket/mono", "batch_interval": 1}}},
      "callbacks.mono_checkpoint_saver.save_folder: 'gs://bucket/mono': gs:// object stores are not supported"),
