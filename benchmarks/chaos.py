@@ -27,6 +27,12 @@ How the moments are chosen (a seeded random generator, ``--seed``):
   SIGKILLed once ep0-ba6 was complete), 3 x 500 for every upload request of a whole run (on S3 a path is one object
   or one part; GCS's uploads share one path, so there only the first few uploads meet it). The CRC row refuses, as
   OCI's and B2's S3 APIs do, any request carrying a CRC checksum header, for a run that is killed and resumed.
+* ``users`` (benchmarks/chaos_users.py, needs root): a second Unix user's job of the same recipe, from its own copy
+  of the data, starts with the first (root's) job or after a random batch of it (the first waits there until the
+  second has registered its shared memory); both stream through /dev/shm and register under the machine-wide lock
+  file, which is as found, created by the first job under umask 077, or left 0600 by another user (one trial each).
+  Both must exit 0; the first is compared as every row's, the second's weights, checkpoints and samples with the
+  reference too.
 """
 
 from __future__ import annotations
@@ -66,6 +72,7 @@ from benchmarks.chaos_world import (  # noqa: E402
     s3_keys,
 )
 from benchmarks.chaos_stores import STORE_NAMES, Stores, refuses_crc_checksums, storm_at_resume, storm_during_uploads  # noqa: E402,E501
+from benchmarks.chaos_users import second_user_rows  # noqa: E402
 from tests.distributed.helpers import descendants, kill_tree  # noqa: E402
 
 
@@ -336,13 +343,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--s3-outage-s", type=float, default=30.0)
     parser.add_argument("--only", nargs="*", default=None,
-                        help="row groups: kill s3 disk data checkpoint nan collective stores")
+                        help="row groups: kill s3 disk data checkpoint nan collective stores users")
     parser.add_argument("--stores", nargs="*", default=["s3", "gs", "azure"],
                         help="the stores of the stores rows' storms (s3 gs azure)")
     parser.add_argument("--results", type=Path, default=None, help="append the table (markdown) to this file")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (runs' logs) for a look")
     args = parser.parse_args()
-    groups = set(args.only or ["kill", "s3", "disk", "data", "checkpoint", "nan", "collective", "stores"])
+    groups = set(args.only or ["kill", "s3", "disk", "data", "checkpoint", "nan", "collective", "stores", "users"])
     rng = random.Random(args.seed)
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="chaos-"))
@@ -396,6 +403,8 @@ def main() -> None:
                 refuses_crc_checksums(world, stores, rows[-1])
         finally:
             stores.stop()
+    if "users" in groups:
+        second_user_rows(world, rows, args.seed, args.keep)
     world.proxy.down()
     world.s3.stop()
     text = table(rows)

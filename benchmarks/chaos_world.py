@@ -104,7 +104,10 @@ class Job:
                     lines[-1] if lines else "")
 
 
-def launch(world: World, run: dict, run_dir: Path, attempt: int, env: dict | None = None) -> Job:
+def launch(world: World, run: dict, run_dir: Path, attempt: int, env: dict | None = None, python: str | None = None,
+           **popen) -> Job:
+    """Start attempt ``attempt`` of ``run`` (torchrun, 2 ranks) with ``python`` (default: this one); ``popen``:
+    more of subprocess.Popen's arguments (user, group, umask, ...)."""
     folder = run_dir / f"attempt{attempt}"
     folder.mkdir(parents=True, exist_ok=True)
     run = json.loads(json.dumps(run).replace("SAMPLES", str(folder)))
@@ -112,8 +115,9 @@ def launch(world: World, run: dict, run_dir: Path, attempt: int, env: dict | Non
     path = folder / "recipe.yaml"
     path.write_text(yaml.safe_dump(run, sort_keys=False))
     log = folder / "log.txt"
-    proc = subprocess.Popen([*torchrun_args(2), str(WORKER), str(path)], cwd=folder, env=env or world.env(),
-                            stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    command = [python or sys.executable, *torchrun_args(2)[1:], str(WORKER), str(path)]
+    proc = subprocess.Popen(command, cwd=folder, env=env or world.env(), stdout=open(log, "w"),
+                            stderr=subprocess.STDOUT, start_new_session=True, **popen)
     return Job(proc, folder, log)
 
 

@@ -16,7 +16,10 @@ largest of those, and the local leader creates ``<prefix>_locals`` there. Two th
 
 ``shm_registration_lock()`` covers both: each job's local leader takes a machine-wide file lock, removes stale
 blocks, and the job's ranks meet at a barrier, so no rank scans while another job registers or while stale blocks
-are still there.
+are still there. The lock file is shared by every user of the machine (jobs of several users share /dev/shm): any
+user can open it whoever created it, a lock file removed meanwhile (a cleanup of /dev/shm, systemd-logind's
+RemoveIPC when its owner logs out) is replaced rather than held twice, and a leader that cannot open it (left
+unreadable by another tool or an older version) registers without it, with a notice that says how to fix it.
 """
 
 from __future__ import annotations
@@ -81,7 +84,13 @@ def remove_stale_blocks() -> list[str]:
     by_prefix: dict[str, dict[str, str]] = {}
     for entry in os.scandir(SHM_ROOT):
         match = _BLOCK.fullmatch(entry.name)
-        if match and entry.stat().st_uid == uid:
+        if not match:
+            continue
+        try:
+            owner = entry.stat().st_uid
+        except FileNotFoundError:  # a job that ended meanwhile unlinked it
+            continue
+        if owner == uid:
             by_prefix.setdefault(match[1], {})[match[2]] = entry.name
     incomplete = [blocks for blocks in by_prefix.values() if _CORE & blocks.keys() != _CORE]
     if not incomplete:
@@ -100,12 +109,15 @@ def remove_stale_blocks() -> list[str]:
 def open_shared_lock_file(path: str):
     """The machine-wide lock file, opened read-only (flock needs no more) so that every user's job can take it,
     whoever created it: created readable by all, and opened without O_CREAT when it exists (in a sticky directory
-    such as /dev/shm, fs.protected_regular refuses O_CREAT on another user's file)."""
+    such as /dev/shm, fs.protected_regular refuses O_CREAT on another user's file). None when it exists but this
+    user may not read it (another user's file left 0600, by another tool or a version before this one)."""
     while True:
         try:
             return os.fdopen(os.open(path, os.O_RDONLY), "rb")
         except FileNotFoundError:
             pass
+        except PermissionError:
+            return None
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:  # another job created it meanwhile
@@ -114,19 +126,26 @@ def open_shared_lock_file(path: str):
         return os.fdopen(fd, "rb")
 
 
-@contextlib.contextmanager
-def shm_registration_lock(wait_s: float = SHM_LOCK_WAIT_S):
-    """Hold while the ranks of a job build a StreamingDataset (every rank enters; see the module docstring).
+def _still_named(handle, path: str) -> bool:
+    """Whether ``path`` still names the file ``handle`` has open (a lock on a removed file excludes nobody)."""
+    try:
+        named = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(handle.fileno())
+    return (held.st_dev, held.st_ino) == (named.st_dev, named.st_ino)
 
-    A leader that waits longer than ``wait_s`` for the lock (e.g. two multi-node jobs sharing nodes, each holding
-    one node's lock while waiting at its barrier for the other) goes on without it, as streaming alone would."""
-    if fcntl is None:
-        yield
-        return
-    handle = None
-    if streaming.base.world.World.detect().is_local_leader:
-        handle = open_shared_lock_file(SHM_REGISTRATION_LOCK)
-        deadline = time.monotonic() + wait_s
+
+def _take_lock(path: str, wait_s: float):
+    """The lock file at ``path``, flocked; None (with a notice) when it cannot be opened or stays taken ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        handle = open_shared_lock_file(path)
+        if handle is None:
+            notice_once(f"streaming: the registration lock file {path} is another user's and not readable by this "
+                        f"one (uid {os.getuid()}); registering the dataset without it. Its owner or root can fix "
+                        f"that for every job: chmod 644 {path}")
+            return None
         while True:
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -134,11 +153,28 @@ def shm_registration_lock(wait_s: float = SHM_LOCK_WAIT_S):
             except BlockingIOError:
                 if time.monotonic() > deadline:
                     handle.close()
-                    handle = None
                     notice_once(f"streaming: waited {wait_s:.0f} s for another job to register its dataset "
-                                f"({SHM_REGISTRATION_LOCK}); going on without the lock")
-                    break
+                                f"({path}); going on without the lock")
+                    return None
                 time.sleep(0.05)
+        if _still_named(handle, path):
+            return handle
+        handle.close()  # removed (and maybe created again) while this job waited: take the one there now
+
+
+@contextlib.contextmanager
+def shm_registration_lock(wait_s: float = SHM_LOCK_WAIT_S, lock_path: str | None = None):
+    """Hold while the ranks of a job build a StreamingDataset (every rank enters; see the module docstring).
+
+    A leader that waits longer than ``wait_s`` for the lock (e.g. two multi-node jobs sharing nodes, each holding
+    one node's lock while waiting at its barrier for the other) goes on without it, as streaming alone would.
+    ``lock_path``: the lock file (default ``SHM_REGISTRATION_LOCK``)."""
+    if fcntl is None:
+        yield
+        return
+    handle = None
+    if streaming.base.world.World.detect().is_local_leader:
+        handle = _take_lock(lock_path or SHM_REGISTRATION_LOCK, wait_s)
         if handle is not None:
             remove_stale_blocks()
     try:
