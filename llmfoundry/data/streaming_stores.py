@@ -1,5 +1,5 @@
-"""streaming's downloads of ``gs://``, Azure and ``oci://`` shards go through our storage layer (core/objectstore.py,
-core/fsspec_store.py, core/oci.py).
+"""streaming's downloads of ``gs://``, Azure and ``oci://`` shards, and its MDSWriter's uploads to them (the
+converters' output), go through our storage layer (core/objectstore.py, core/fsspec_store.py, core/oci.py).
 
 streaming picks a downloader by URL scheme from ``streaming.base.storage.download.DOWNLOADER_MAPPINGS``. Its own
 GCS downloader asks google.auth for credentials even where ``STORAGE_EMULATOR_HOST`` is set and takes HMAC keys
@@ -9,7 +9,9 @@ through boto3 otherwise; its Azure downloaders (``azure``, ``azure-dl``) hard-co
 adlfs: the AZURE_STORAGE_* variables, a connection string, azure-identity), so data and checkpoints on one store
 need one set-up. Its OCI downloader needs the oci SDK and an API signing key in ``~/.oci/config`` and strips the
 namespace from ``bucket@namespace`` only when it is the tenancy's; ours speaks OCI's S3 compatibility API with the
-customer secret key that checkpoints use (core/oci.py). ``s3://`` stays with streaming's own downloader.
+customer secret key that checkpoints use (core/oci.py). Its uploaders (``streaming.base.storage.upload.UPLOADERS``,
+class names by scheme) have the same limits and know no ``az://``, ``abfs://`` or ``abfss://``; ours upload each
+shard with the client above. ``s3://`` stays with streaming's own downloader and uploader.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import types
 
 from llmfoundry.core import objectstore
+from llmfoundry.core.errors import ConfigError
 
 # every store of a loader's remote that is not S3, by the scheme streaming looks up (urlparse's: no "://")
 ROUTED = tuple(scheme.removesuffix("://") for scheme in objectstore.ROUTED_STORES)
@@ -65,3 +68,51 @@ def route_store_downloads(streaming: types.ModuleType) -> None:
 
     for scheme in ROUTED:
         download.DOWNLOADER_MAPPINGS[scheme] = StoreDownloader
+
+
+UPLOADER = "LLMFoundryStoreUploader"  # the name streaming's upload module looks up for our schemes (UPLOADERS)
+
+
+def route_store_uploads(streaming: types.ModuleType) -> None:
+    """Make ``streaming``'s writers (MDSWriter) upload to gs://, Azure and oci:// with our clients (idempotent)."""
+    upload = streaming.base.storage.upload
+    if hasattr(upload, UPLOADER) and all(upload.UPLOADERS.get(scheme) == UPLOADER for scheme in ROUTED):
+        return
+
+    class StoreUploader(upload.CloudUploader):
+        """One writer's uploads: each finished shard file (then index.json) from its local folder to the remote."""
+
+        def __init__(self, out, keep_local: bool = False, progress_bar: bool = False, retry: int = 2,
+                     exist_ok: bool = False):
+            super().__init__(out, keep_local, progress_bar, retry, exist_ok)
+            key = "MDS output"  # the converters check their own flag first (prep/common.check_output)
+            self.folder = objectstore.ObjectFolder(self.remote, key, max_attempts=objectstore.UPLOAD_REQUEST_RETRIES,
+                                                   stores=objectstore.ROUTED_STORES)
+            try:  # as streaming's S3 uploader checks its bucket: no shard is written for nowhere
+                self.folder.probe()
+            except ConfigError:
+                raise
+            except Exception as error:  # noqa: BLE001 - botocore's, gcsfs' and adlfs' errors
+                raise objectstore.explain(error, self.remote, key) from None
+
+        def upload_file(self, filename: str) -> None:
+            local = os.path.join(self.local, filename)
+
+            # streaming's retry of a whole file (``retry`` attempts), as its S3 uploader does; the clients ask
+            # again for each request first (botocore's retries, gcsfs' and Azure's own)
+            @upload.retry(num_attempts=self.retry)
+            def send() -> None:
+                self.folder.client.upload_file(local, self.folder.bucket, self.folder.key(filename))
+
+            send()
+            self.clear_local(local)
+
+        def list_objects(self, prefix: str | None = None) -> list[str]:
+            """Keys (bucket-relative, as streaming's S3 uploader gives them) under the remote folder + ``prefix``."""
+            start = self.folder.key(prefix or "")
+            return [key for key in self.folder.list_keys() if key.startswith(start)]
+
+    StoreUploader.__name__ = StoreUploader.__qualname__ = UPLOADER
+    setattr(upload, UPLOADER, StoreUploader)
+    for scheme in ROUTED:
+        upload.UPLOADERS[scheme] = UPLOADER

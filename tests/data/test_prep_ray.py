@@ -207,6 +207,20 @@ def test_json_with_ray_to_s3_streams_back_the_single_process_samples(ray_cluster
     assert rows(remote=remote) == rows(local=str(tmp_path / "one"))
 
 
+def test_json_with_ray_to_gs_writes_the_single_process_samples(ray_cluster, gcs_server, tmp_path, corpus,
+                                                               tokenizer_dir):
+    """The workers upload to gs:// through our client (STORAGE_EMULATOR_HOST reaches them with the endpoints: the
+    cluster started without it)."""
+    from tests.helpers import GCS_TEST_BUCKET
+
+    (tmp_path / "d.jsonl").write_text("\n".join(json.dumps({"text": d}) for d in corpus[:60]))
+    argv = ["--path", str(tmp_path / "d.jsonl"), "--concat_tokens", "32", "--tokenizer", str(tokenizer_dir)]
+    assert main_json([*argv, "--out_root", str(tmp_path / "one"), "--num_workers", "1", "--quiet"]) == 0
+    remote = f"gs://{GCS_TEST_BUCKET}/mds"
+    assert main_json([*argv, "--out_root", remote, *RAY]) == 0
+    assert sample_hashes(f"{remote}/train") == sample_hashes(str(tmp_path / "one" / "train"))
+
+
 def test_bad_ray_flag_combinations_are_one_line_errors(tmp_path, tokenizer_dir, capsys, monkeypatch):
     (tmp_path / "d.jsonl").write_text('{"text": "a b c"}\n')
     json_argv = ["--path", str(tmp_path / "d.jsonl"), "--out_root", str(tmp_path / "o"), "--tokenizer", str(tokenizer_dir)]

@@ -32,8 +32,13 @@ from llmfoundry.core.errors import ConfigError
 from llmfoundry.data.prep import timing
 from llmfoundry.data.sources import mp_context
 from llmfoundry.data.streaming_guard import import_streaming
+from llmfoundry.data.streaming_stores import route_store_uploads
 
 streaming = import_streaming()  # through the guard: streaming must import without a working torchvision
+route_store_uploads(streaming)  # MDSWriter's uploads to gs://, Azure and oci:// go through our clients
+
+# Where the converters write: a local folder or any store (s3:// with streaming's own uploader, the others with ours)
+OUTPUT_STORES = objectstore.DATA_STORES
 
 TOKENS_COLUMN = "tokens"
 # Checksums written into index.json for each shard: a training recipe's validate_hash (streaming's key) checks the
@@ -282,7 +287,7 @@ def write_concatenated(
     show_progress: bool | None = None,
     phases: timing.Phases | None = None,
 ) -> dict[str, int]:
-    """Tokenize ``docs`` (in ``processes`` worker processes), concatenate, write MDS to ``out`` (local or s3://).
+    """Tokenize ``docs`` (in ``processes`` worker processes), concatenate, write MDS to ``out`` (local or a store).
 
     ``phases`` (optional) gets the time spent reading ``docs``, tokenizing, writing samples and flushing shards."""
     require_eos(tokenizer)
@@ -310,7 +315,7 @@ def write_texts(
     total: int | None = None,
     show_progress: bool | None = None,
 ) -> dict[str, int]:
-    """Write ``docs`` untokenized, one per sample, as MDS with a ``text`` column (local or s3://)."""
+    """Write ``docs`` untokenized, one per sample, as MDS with a ``text`` column (local or a store)."""
     writer = mds_writer({"text": "str"}, out, compression)
     bar = Progress(desc, total=total, disable=None if show_progress is None else not show_progress)
     documents = 0
@@ -375,7 +380,7 @@ def merge_group_indexes(output: str, parts: list[str]) -> int:
     """Write ``output/index.json`` listing the shards of every part folder; returns the number of samples."""
     shards = []
     for part in parts:
-        raw = objectstore.read_bytes(objectstore.join(output, part, "index.json"))
+        raw = objectstore.read_bytes(objectstore.join(output, part, "index.json"), OUTPUT_STORES)
         if raw is None:
             raise ConfigError(f"{output}/{part}: index.json is missing; rerun with --reprocess")
         for shard in json.loads(raw)["shards"]:
@@ -383,11 +388,25 @@ def merge_group_indexes(output: str, parts: list[str]) -> int:
                 if shard.get(key):
                     shard[key]["basename"] = f"{part}/{shard[key]['basename']}"
             shards.append(shard)
-    objectstore.write_bytes(objectstore.join(output, "index.json"), json.dumps({"version": 2, "shards": shards}).encode())
+    index = json.dumps({"version": 2, "shards": shards}).encode()
+    objectstore.write_bytes(objectstore.join(output, "index.json"), index, OUTPUT_STORES)
     return sum(s["samples"] for s in shards)
+
+
+def check_output(out: str, flag: str) -> None:
+    """Before any tokenizing: a one-line ConfigError naming ``flag`` unless ``out`` is a local folder or a folder
+    of a store the converters write to that answers (no such bucket, access refused, no endpoint, unset
+    credentials are said now, not after the first shard)."""
+    if not objectstore.is_remote(out):
+        return
+    folder = objectstore.ObjectFolder(out, flag, max_attempts=3, stores=OUTPUT_STORES)
+    try:
+        folder.probe()
+    except Exception as error:  # noqa: BLE001 - botocore's, gcsfs' and adlfs' errors
+        raise objectstore.explain(error, out, flag) from None
 
 
 def check_output_empty(out: str) -> None:
     """Refuse to mix a new conversion into an existing MDS folder."""
-    if objectstore.read_bytes(objectstore.join(out, "index.json")) is not None:
+    if objectstore.read_bytes(objectstore.join(out, "index.json"), OUTPUT_STORES) is not None:
         raise ConfigError(f"{out}: already holds an MDS dataset (index.json); choose another output or delete it")

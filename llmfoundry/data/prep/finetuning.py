@@ -31,7 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preprocessor", default=None,
                         help="a registered preprocessor name or module:function mapping a raw record to prompt/response "
                              "or messages (default: the one registered for --dataset, if any)")
-    parser.add_argument("--out_root", required=True, help="MDS output folder, local or s3://")
+    parser.add_argument("--out_root", required=True,
+                        help="MDS output folder: local, or s3://, gs://, azure:// or oci://bucket/prefix")
     parser.add_argument("--compression", default="zstd", help="shard compression ('none' for none)")
     parser.add_argument("--tokenizer", required=True, help="HF tokenizer id/folder, .model file, or tiktoken")
     parser.add_argument("--tokenizer_kwargs", default=None, help="JSON object of tokenizer kwargs")
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="records are already prompt/response or messages: no preprocessor, not even the one "
                              "registered for --dataset")
     parser.add_argument("--local", default=None,
-                        help="also keep the shards in this local folder when --out_root is remote (s3://)")
+                        help="also keep the shards in this local folder when --out_root is in an object store")
     parser.add_argument("--num_workers", "--processes", dest="num_workers", type=int, default=None,
                         help="processes that tokenize examples (default: all cores); the output is the same for any")
     ray_data.add_arguments(parser)
@@ -64,9 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.skip_preprocessing and args.preprocessor:
         raise ConfigError("--skip-preprocessing: set it or --preprocessor, not both")
     if args.local is not None and not objectstore.is_remote(args.out_root):
-        raise ConfigError(f"--local: keeps a local copy of a remote --out_root (s3://...); '{args.out_root}' is local")
+        raise ConfigError(f"--local: keeps a local copy of a remote --out_root (s3://, gs://, azure://, oci://...); "
+                          f"'{args.out_root}' is local")
     if args.num_workers is not None and args.num_workers < 1:
         raise ConfigError(f"--num_workers: expected >= 1, got {args.num_workers}")
+    common.check_output(args.out_root, "--out_root")
     workers = args.num_workers or common.default_processes()
     tokenizer = build_tokenizer(args.tokenizer, common.tokenizer_kwargs_from_args(args), cli=True)
     common.require_eos(tokenizer)

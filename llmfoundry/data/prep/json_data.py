@@ -57,7 +57,8 @@ def iter_json_texts(path: str, field: str = "text") -> Iterator[str]:
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out_root", required=True, help="MDS output folder, local or s3://bucket/prefix")
+    parser.add_argument("--out_root", required=True,
+                        help="MDS output folder: local, or s3://, gs://, azure:// or oci://bucket/prefix")
     parser.add_argument("--compression", default="zstd", help="shard compression (zstd, gz, ...; 'none' for none)")
     parser.add_argument("--concat_tokens", type=int, default=None,
                         help="tokens per sample (tokenize and concatenate); without it the raw text is written as a "
@@ -82,6 +83,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
 def _prepare(args):
     common.set_logging_level(args.logging_level)
     ray_data.check_flags(args, {"--num_workers": args.num_workers})
+    common.check_output(args.out_root, "--out_root")
     if args.ray and args.concat_tokens is None:
         raise ConfigError("--ray: tokenizes on a Ray cluster; add --concat_tokens N (raw text needs no tokenizing)")
     compression = None if str(args.compression).lower() in ("none", "") else args.compression
@@ -138,6 +140,8 @@ def main_json(argv: list[str] | None = None) -> int:
     parser.add_argument("--split", default="train", help="sub-folder of --out_root to write")
     _add_common(parser)
     args = parser.parse_args(argv)
+    if objectstore.is_remote(args.path):  # read through data/sources.py: s3:// only so far
+        objectstore.check_url(args.path, "--path")
     tokenizer, spec, compression, processes = _prepare(args)
     out = objectstore.join(args.out_root, args.split) if args.split else args.out_root
     common.check_output_empty(out)

@@ -1,7 +1,7 @@
 """``--ray``: the converters' tokenizing and writing as Ray Data ``map_batches`` over a cluster's CPUs.
 
 The output holds the same samples as the single-machine converter's, in the same order, written by the same code
-(``common.ConcatWriter`` / ``common.mds_writer``, local or s3://), with one ``index.json`` at the root that lists
+(``common.ConcatWriter`` / ``common.mds_writer``, local or in a store), with one ``index.json`` at the root that lists
 every block's shards (``block-00000/shard.00000.mds.zstd``, ...).
 
 How the order is kept. The documents (or files, or finetuning records) are cut into *blocks* of consecutive items,
@@ -27,8 +27,10 @@ Concatenated samples cross block boundaries, so tokenized data is written in two
 Finetuning examples are independent of each other: one pass tokenizes and writes each block.
 
 Workers get the tokenizer, the blocks and the plan through Ray's object store (one reference each, cached per
-worker process). The object-store endpoint (``S3_ENDPOINT_URL`` and the region) is handed to the workers; the
-credentials are the cluster's own (each node's usual AWS chain). llmfoundry must be installed on every node.
+worker process). The object-store endpoints (``S3_ENDPOINT_URL`` and the region; OCI's endpoint, namespace and
+region; the GCS emulator; the Azure account name) are handed to the workers; the credentials are the cluster's own
+(each node's usual AWS chain, google-auth's, azure-identity's or its AZURE_STORAGE_* / OCI_S3_* variables).
+llmfoundry must be installed on every node.
 """
 
 from __future__ import annotations
@@ -53,7 +55,9 @@ log = logging.getLogger(__name__)
 
 INSTALL = "pip install 'llmfoundry[ray]'"
 # What the workers need to reach the same object store as the driver (never credentials: those are the nodes' own).
-ENDPOINT_VARIABLES = ("S3_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION")
+ENDPOINT_VARIABLES = ("S3_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION",
+                      "OCI_S3_ENDPOINT_URL", "OCI_NAMESPACE", "OCI_REGION", "STORAGE_EMULATOR_HOST",
+                      "AZURE_STORAGE_ACCOUNT_NAME")
 BLOCKS_PER_WORKER = 4  # enough blocks to keep every worker busy while the slowest finishes
 MAX_ITEMS_PER_BLOCK = 4096
 
@@ -194,7 +198,8 @@ def _write_blocks(batch: dict, *, shared_ref, out: str, spec: ConcatSpec, vocab_
     for block, ids, lengths in zip(batch["block"], batch["ids"], batch["lengths"]):
         block = int(block)
         part = objectstore.join(out, block_folder(block))
-        objectstore.remove_tree(part)  # a block half-written by a worker that died (Ray retries it)
+        # a block half-written by a worker that died (Ray retries it)
+        objectstore.remove_tree(part, common.OUTPUT_STORES)
         writer = common.ConcatWriter(part, spec, vocab_size, compression)
         writer.carry = shared["carries"][block].astype(np.int64)
         writer.add(np.frombuffer(ids, dtype=np.uint32).astype(np.int64), np.frombuffer(lengths, dtype=np.int64))
@@ -213,7 +218,7 @@ def _finetuning_blocks(batch: dict, *, shared_ref, out: str, columns: dict, sign
                                                           shared["preprocess"], _items_of(shared, block))
         examples = [e for e in built if e is not None]
         part = objectstore.join(out, block_folder(block))
-        objectstore.remove_tree(part)
+        objectstore.remove_tree(part, common.OUTPUT_STORES)
         with common.mds_writer(columns, part, compression) as writer:
             for example in examples:
                 writer.write({k: np.asarray(example[k], dtype=signed) for k in columns})

@@ -1,4 +1,5 @@
-"""A folder of ``.txt`` files (local or s3://) -> tokenized, concatenated MDS shards (local or s3://).
+"""A folder of ``.txt`` files (local or s3://) -> tokenized, concatenated MDS shards (local, s3://, gs://, Azure or
+oci://).
 
 Each file is one document. Files are split into groups (the plan is saved with the output); each group is
 converted by one worker process into its own sub-folder (``part-00000/``...), and a group is marked done in
@@ -30,7 +31,8 @@ log = logging.getLogger(__name__)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input_folder", required=True, help="folder of .txt files, local or s3://bucket/prefix")
-    parser.add_argument("--output_folder", required=True, help="MDS output folder, local or s3://bucket/prefix")
+    parser.add_argument("--output_folder", required=True,
+                        help="MDS output folder: local, or s3://, gs://, azure:// or oci://bucket/prefix")
     parser.add_argument("--concat_tokens", type=int, required=True, help="tokens per sample")
     parser.add_argument("--tokenizer", required=True, help="HF tokenizer id/folder, .model file, or tiktoken")
     parser.add_argument("--tokenizer_kwargs", default=None, help="JSON object of tokenizer kwargs")
@@ -96,7 +98,7 @@ def _convert_group(job: dict) -> dict:
     with phases.timed("load tokenizer"):
         tokenizer = _tokenizer_of(job)
     spec = ConcatSpec(**job["spec"])
-    objectstore.remove_tree(job["out"])  # a part left half-written by an interrupted run
+    objectstore.remove_tree(job["out"], common.OUTPUT_STORES)  # a part left half-written by an interrupted run
     stats = common.write_concatenated(
         (_read_text(p) for p in job["files"]),
         tokenizer,
@@ -138,8 +140,9 @@ def _plan_groups(files: list[str], files_per_group: int | None, processes: int) 
 def _convert_with_ray(args, tokenizer, spec: ConcatSpec, compression, output: str, workers: int) -> dict:
     """--ray: the same groups as on one machine (with --ray-workers for --processes), each a stream of Ray blocks."""
     if args.reprocess:
-        objectstore.remove_tree(output)
-    if any(objectstore.read_bytes(objectstore.join(output, name)) is not None for name in (PROGRESS_FILE, "index.json")):
+        objectstore.remove_tree(output, common.OUTPUT_STORES)
+    if any(objectstore.read_bytes(objectstore.join(output, name), common.OUTPUT_STORES) is not None
+           for name in (PROGRESS_FILE, "index.json")):
         raise ConfigError(f"--output_folder: '{output}' already holds a conversion (--ray does not resume one); pass "
                           "--reprocess to redo it or choose another folder")
     files = objectstore.list_files(args.input_folder, (".txt",))
@@ -152,6 +155,9 @@ def _convert_with_ray(args, tokenizer, spec: ConcatSpec, compression, output: st
 
 def convert(args) -> dict:
     ray_data.check_flags(args, {"--processes": args.processes})
+    common.check_output(args.output_folder, "--output_folder")
+    if objectstore.is_remote(args.input_folder):  # read through objectstore's whole-file helpers: s3:// only so far
+        objectstore.check_url(args.input_folder, "--input_folder")
     planning = time.perf_counter()
     compression = None if str(args.compression).lower() in ("none", "") else args.compression
     tokenizer_kwargs = common.tokenizer_kwargs_from_args(args)  # with trust_remote_code: the workers get it too
@@ -172,8 +178,8 @@ def convert(args) -> dict:
         return totals
 
     if args.reprocess:
-        objectstore.remove_tree(output)
-    saved = objectstore.read_bytes(progress_path)
+        objectstore.remove_tree(output, common.OUTPUT_STORES)
+    saved = objectstore.read_bytes(progress_path, common.OUTPUT_STORES)
     progress = json.loads(saved) if saved else None
     if progress is not None and progress.get("settings") != key:
         raise ConfigError(
@@ -181,7 +187,7 @@ def convert(args) -> dict:
             "text or compression); pass --reprocess to start over or choose another folder"
         )
     if progress is None:
-        if objectstore.read_bytes(objectstore.join(output, "index.json")) is not None:
+        if objectstore.read_bytes(objectstore.join(output, "index.json"), common.OUTPUT_STORES) is not None:
             raise ConfigError(f"--output_folder: '{output}' already holds an MDS dataset; pass --reprocess to redo it")
         files = objectstore.list_files(args.input_folder, (".txt",))
         if not files:
@@ -190,7 +196,7 @@ def convert(args) -> dict:
         log.info("found %d .txt files in %s: %d groups of up to %d files", len(files), args.input_folder, len(groups),
                  len(groups[0]))
         progress = {"settings": key, "groups": groups, "done": {}}
-        objectstore.write_bytes(progress_path, json.dumps(progress).encode())
+        objectstore.write_bytes(progress_path, json.dumps(progress).encode(), common.OUTPUT_STORES)
 
     groups = progress["groups"]
     parts = [f"part-{i:05d}" for i in range(len(groups))]
@@ -223,7 +229,7 @@ def convert(args) -> dict:
         first_start.setdefault(result["pid"], result["started"])
         first_start[result["pid"]] = min(first_start[result["pid"]], result["started"])
         with phases.timed("record progress"):
-            objectstore.write_bytes(progress_path, _progress_json(progress, groups_json))
+            objectstore.write_bytes(progress_path, _progress_json(progress, groups_json), common.OUTPUT_STORES)
         bar.update(len(groups[result["group"]]))
 
     _tokenizers.clear()
