@@ -71,12 +71,14 @@ def route_store_downloads(streaming: types.ModuleType) -> None:
 
 
 UPLOADER = "LLMFoundryStoreUploader"  # the name streaming's upload module looks up for our schemes (UPLOADERS)
+WRITTEN_STORES = (objectstore.GS, *objectstore.AZURE, objectstore.OCI)  # the stores whose uploads are ours
+WRITTEN = tuple(scheme.removesuffix("://") for scheme in WRITTEN_STORES)
 
 
 def route_store_uploads(streaming: types.ModuleType) -> None:
     """Make ``streaming``'s writers (MDSWriter) upload to gs://, Azure and oci:// with our clients (idempotent)."""
     upload = streaming.base.storage.upload
-    if hasattr(upload, UPLOADER) and all(upload.UPLOADERS.get(scheme) == UPLOADER for scheme in ROUTED):
+    if hasattr(upload, UPLOADER) and all(upload.UPLOADERS.get(scheme) == UPLOADER for scheme in WRITTEN):
         return
 
     class StoreUploader(upload.CloudUploader):
@@ -87,7 +89,7 @@ def route_store_uploads(streaming: types.ModuleType) -> None:
             super().__init__(out, keep_local, progress_bar, retry, exist_ok)
             key = "MDS output"  # the converters check their own flag first (prep/common.check_output)
             self.folder = objectstore.ObjectFolder(self.remote, key, max_attempts=objectstore.UPLOAD_REQUEST_RETRIES,
-                                                   stores=objectstore.ROUTED_STORES)
+                                                   stores=WRITTEN_STORES)
             try:  # as streaming's S3 uploader checks its bucket: no shard is written for nowhere
                 self.folder.probe()
             except ConfigError:
@@ -114,5 +116,5 @@ def route_store_uploads(streaming: types.ModuleType) -> None:
 
     StoreUploader.__name__ = StoreUploader.__qualname__ = UPLOADER
     setattr(upload, UPLOADER, StoreUploader)
-    for scheme in ROUTED:
+    for scheme in WRITTEN:
         upload.UPLOADERS[scheme] = UPLOADER

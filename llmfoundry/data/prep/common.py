@@ -32,13 +32,13 @@ from llmfoundry.core.errors import ConfigError
 from llmfoundry.data.prep import timing
 from llmfoundry.data.sources import mp_context
 from llmfoundry.data.streaming_guard import import_streaming
-from llmfoundry.data.streaming_stores import route_store_uploads
+from llmfoundry.data.streaming_stores import WRITTEN_STORES, route_store_uploads
 
 streaming = import_streaming()  # through the guard: streaming must import without a working torchvision
 route_store_uploads(streaming)  # MDSWriter's uploads to gs://, Azure and oci:// go through our clients
 
 # Where the converters write: a local folder or any store (s3:// with streaming's own uploader, the others with ours)
-OUTPUT_STORES = objectstore.DATA_STORES
+OUTPUT_STORES = (objectstore.S3, *WRITTEN_STORES)
 
 TOKENS_COLUMN = "tokens"
 # Checksums written into index.json for each shard: a training recipe's validate_hash (streaming's key) checks the
