@@ -229,12 +229,13 @@ def broadcast_object(obj):
     return holder[0]
 
 
-def all_gather_object(obj) -> list:
-    """Every rank's ``obj``, in rank order, on every rank."""
+def all_gather_object(obj, op: str = "all_gather_object") -> list:
+    """Every rank's ``obj``, in rank order, on every rank; ``op`` names what for, in the error when a rank never
+    comes."""
     if not dist.is_initialized():
         return [obj]
     gathered = [None] * dist.get_world_size()
-    with collective("all_gather_object"):
+    with collective(op):
         dist.all_gather_object(gathered, obj)
     return gathered
 

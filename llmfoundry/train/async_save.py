@@ -74,6 +74,7 @@ class WriterProcess:
             [sys.executable, "-m", "llmfoundry.train.checkpoint_writer", str(theirs.fileno()), str(os.getpid())],
             pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL)
         theirs.close()
+        self.lock = threading.Lock()  # one request on the socket at a time (the courier's, or a status query)
         wire.send_message(self.sock, {"rank": dist.rank(), "world_size": dist.world_size(), "store": store,
                                       "timeout_s": timeout_s})
         # a run that ends without release() (an error in the loop) still stops it when this object goes
@@ -83,16 +84,18 @@ class WriterProcess:
     def pid(self) -> int:
         return self.process.pid
 
-    def request(self, message: dict, fd: int | None) -> tuple:
-        """Send one write (and the region's descriptor when it is new) and wait for its answer (courier thread)."""
-        try:  # a writer that died is a broken pipe here or end-of-file below: one line either way
-            wire.send_message(self.sock, message)
-            if fd is not None:
-                socket.send_fds(self.sock, [b"R"], [fd])
-            return wire.receive_message(self.sock)
-        except (EOFError, OSError):
-            code = self.process.wait()
-            return ("error", f"the checkpoint writer process exited (code {code})", None)
+    def request(self, message: dict, fd: int | None = None) -> tuple:
+        """Send one request (a write, with the region's descriptor when it is new) and wait for its answer:
+        status, detail, upload attempt, and how the writer's uploads stand (None when it died). One at a time."""
+        with self.lock:
+            try:  # a writer that died is a broken pipe here or end-of-file below: one line either way
+                wire.send_message(self.sock, message)
+                if fd is not None:
+                    socket.send_fds(self.sock, [b"R"], [fd])
+                return wire.receive_message(self.sock)
+            except (EOFError, OSError):
+                code = self.process.wait()
+                return ("error", f"the checkpoint writer process exited (code {code})", None, None)
 
     def stop(self) -> None:
         self._finalizer()
@@ -157,6 +160,8 @@ class AsyncSaver:
         self._pending: dict | None = None  # the snapshot's layout, sent to the writer by start()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        # how the writer's uploads stood at its last answer (an object-store save_folder: the writer uploads)
+        self.uploads: dict = {"pending": 0, "failed": [], "retries": 0}
         self.blocked_s = 0.0  # time optimizer steps waited for a copy (the benchmark adds it to the stall)
 
     def snapshot(self, live: Snapshot, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
@@ -225,10 +230,11 @@ class AsyncSaver:
             self._tokenizer = (tokenizer, TokenizerFiles(tokenizer))
         return self._tokenizer[1]
 
-    def start(self, job: dict, written: Callable[[str | None, str | None], Any] | None = None) -> None:
-        """Have the writer write the newest snapshot as ``job`` (name, folder, remote, overwrite, keep, config,
-        tokenizer) once its copy is complete; ``written(staged, attempt)`` is called after it succeeded (an
-        object store's write: the staged folder and the upload's attempt id). One write at a time."""
+    def start(self, job: dict) -> None:
+        """Have the writer write the newest snapshot as ``job`` (train.checkpoint.write_job's arguments: name,
+        folder, remote, overwrite, keep, config, tokenizer; for an object-store save_folder also ``upload``, the
+        train.uploads.Uploader settings with which the writer uploads what it staged) once its copy is complete.
+        One write at a time."""
         if self._thread is not None:
             raise RuntimeError("a checkpoint write is still in flight (call wait() first)")
         message, self._pending = {"op": "write", "job": job, **self._pending}, None
@@ -236,23 +242,23 @@ class AsyncSaver:
         if not self._area.sent:
             message["region"], fd, self._area.sent = self._area.region.size, self._area.region.fd, True
         copying, writer = self._staging, self.writer
-        self._thread = threading.Thread(target=self._run, args=(writer, copying, message, fd, written),
+        self._thread = threading.Thread(target=self._run, args=(writer, copying, message, fd),
                                         name=f"checkpoint-courier-rank{dist.rank()}", daemon=True)
         self._thread.start()
 
-    def _run(self, writer: WriterProcess, copying: Future | None, message: dict, fd: int | None, written) -> None:
+    def _run(self, writer: WriterProcess, copying: Future | None, message: dict, fd: int | None) -> None:
         try:
             if copying is not None:
                 copying.result()  # the writer reads the region only once the copy is complete
-            status, detail, attempt = writer.request(message, fd)
+            status, detail, _, uploads = writer.request(message, fd)
+            if uploads is not None:
+                self.uploads = uploads
             if status == "config":
                 raise ConfigError(detail)
             if status != "ok":
                 raise ConfigError(f"save_folder: could not write checkpoint '{message['job']['name']}' "
                                   f"({detail}); the checkpoints saved before it are intact: fix the cause and run "
                                   "again to resume from the newest")
-            if written is not None:
-                written(detail, attempt)
         except BaseException as error:  # noqa: BLE001 - kept for the loop's thread, which raises it
             log.error("background checkpoint write failed: %s", error)
             self._error = error
@@ -282,10 +288,24 @@ class AsyncSaver:
             self.writer = None
         self._area.close()
 
-    def release(self) -> None:
-        """Wait, then stop and reap the writer and free the shared memory (the end of training); a later save
-        starts them again."""
+    def upload_status(self, wait_s: float | None = 0.0, close: bool = False) -> dict:
+        """How the writer's uploads stand (pending, failed, retries). Asked of the writer when no write is in
+        flight (answered at once unless ``wait_s`` > 0; None: until they are done; ``close`` stops its uploader);
+        while one is, what the writer's last answer said."""
+        if self.writer is not None and not self.busy():
+            _, _, _, uploads = self.writer.request({"op": "uploads", "wait_s": wait_s, "close": close})
+            if uploads is not None:
+                self.uploads = uploads
+            elif close:  # the writer died: what it had not uploaded is lost
+                self.uploads = {**self.uploads, "failed": [*self.uploads["failed"], "the writer process's uploads"]}
+        return self.uploads
+
+    def release(self, upload_timeout_s: float | None = None) -> None:
+        """Wait for the write, and up to ``upload_timeout_s`` (None: until done) for the writer's uploads; then stop
+        and reap the writer and free the shared memory (the end of training); a later save starts them again.
+        ``uploads`` then tells what did not finish."""
         try:
             self.wait()
+            self.upload_status(wait_s=upload_timeout_s, close=True)
         finally:
             self._shut_down()

@@ -24,6 +24,7 @@ import os
 import pickle
 import re
 import shutil
+import uuid
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -176,15 +177,13 @@ def write_snapshot(
     overwrite: bool,
     keep: int = -1,
     publish: bool = True,
-    group: Any = None,
 ) -> Path:
-    """Write ``snapshot`` as checkpoint ``name`` (collective over ``group``, the default group when None) and
-    point ``latest`` at it; returns its path.
+    """Write ``snapshot`` as checkpoint ``name`` (collective over the default process group: in save_async's writer
+    processes, train.checkpoint_writer, a gloo group of the writers alone, whose collectives never meet the training
+    loop's) and point ``latest`` at it; returns its path.
 
     ``publish=False`` writes straight into ``folder/name`` with no rename, ``latest`` or retention: used for the
-    staging folder of an s3:// save_folder, where the upload's completion marker plays that role. ``group``: the
-    process group of every collective here (save_async's writer processes, train.checkpoint_writer, pass None:
-    their default group is a gloo group of the writers alone, so their collectives never meet the training loop's).
+    staging folder of an s3:// save_folder, where the upload's completion marker plays that role.
     """
     folder = Path(folder)
     final = folder / name
@@ -198,12 +197,12 @@ def write_snapshot(
             if publish and final.exists():
                 shutil.rmtree(final)
             shutil.rmtree(target, ignore_errors=True)
-    if (problem := gather_object(problem, group)[0]) is not None:  # every rank stops, none waits for rank 0
+    if (problem := gather_object(problem)[0]) is not None:  # every rank stops, none waits for rank 0
         raise ConfigError(problem)
     target.mkdir(parents=True, exist_ok=True)  # every rank: a staging folder may be local to each node
 
     try:  # every rank learns whether any rank failed, so none waits for the others at the barrier below
-        dcp.save(snapshot.state, checkpoint_id=str(target), process_group=group)
+        dcp.save(snapshot.state, checkpoint_id=str(target))
         torch.save(snapshot.small, target / f"rank{dist.rank()}.pt")
         if snapshot.full is not None and dist.rank() == 0:
             torch.save(snapshot.full, target / FULL_WEIGHTS)
@@ -215,7 +214,7 @@ def write_snapshot(
         problem = None
     except (OSError, RuntimeError, CheckpointException) as error:  # disk full, folder gone, a rank's write failed
         problem = first_line(unwrap(error))
-    if problems := [p for p in gather_object(problem, group) if p is not None]:
+    if problems := [p for p in gather_object(problem) if p is not None]:
         shutil.rmtree(target, ignore_errors=True)  # a partial checkpoint is never read; its space is needed
         raise ConfigError(f"save_folder: could not write checkpoint '{name}' in '{folder}' ({problems[0]}); the "
                           "checkpoints saved before it are intact: fix the cause (e.g. free disk space) and run again "
@@ -227,24 +226,27 @@ def write_snapshot(
         if keep > 0:
             for old in list_checkpoints(folder)[:-keep]:
                 shutil.rmtree(old, ignore_errors=True)
-    _barrier(group, "barrier after publishing a checkpoint")
+    dist.barrier("barrier after publishing a checkpoint")
     return final
 
 
-def gather_object(obj: Any, group: Any = None) -> list:
-    """Every rank's ``obj`` in rank order, over ``group`` (the default group when None); ``[obj]`` alone."""
-    if not torch.distributed.is_initialized():
-        return [obj]
-    gathered = [None] * torch.distributed.get_world_size(group)
-    with dist.collective("all_gather_object (checkpoint save)"):
-        torch.distributed.all_gather_object(gathered, obj, group=group)
-    return gathered
+def write_job(snapshot: Snapshot, *, name: str, folder: str | Path, remote: bool, overwrite: bool, keep: int,
+              config: dict[str, Any], tokenizer: Any) -> tuple[Path | None, str | None]:
+    """Write ``snapshot`` as checkpoint ``name`` of a save_folder (collective), as a synchronous save and
+    save_async's writer process both do: published in ``folder`` when the save_folder is local; else staged in
+    ``folder`` (the staging folder) for this rank's upload, and then returns the staged folder and the upload's
+    attempt id (the same on every rank: it names the folder of that save's per-rank upload markers)."""
+    if not remote:
+        write_snapshot(folder, name, snapshot, config=config, tokenizer=tokenizer, overwrite=overwrite, keep=keep)
+        return None, None
+    staged = write_snapshot(folder, name, snapshot, config=config, tokenizer=tokenizer, overwrite=True,
+                            publish=False)
+    return staged, gather_object(uuid.uuid4().hex[:12] if dist.rank() == 0 else None)[0]
 
 
-def _barrier(group: Any, op: str) -> None:
-    if torch.distributed.is_initialized():
-        with dist.collective(op):
-            torch.distributed.barrier(group=group)
+def gather_object(obj: Any) -> list:
+    """Every rank's ``obj`` in rank order; ``[obj]`` alone."""
+    return dist.all_gather_object(obj, "all_gather_object (checkpoint save)")
 
 
 def load_checkpoint(path: str | Path, components: dict[str, Component], *, weights_only: bool = False,

@@ -7,9 +7,10 @@ talks to it over a Unix socket pair: pickled messages, each preceded by its leng
 files; the writer rebuilds the snapshot from views of the same memory and writes it with the code a synchronous
 save uses (train.checkpoint.write_snapshot), so the guarantees of a synchronous save hold: ``.partial``, checksums,
 the failure agreement of every rank, rename and ``latest`` once complete. Its collectives run on a gloo process
-group of the writer processes alone. Serialising, hashing and writing happen in the writer's interpreter, so they
-never take the training loop's GIL (issue #30: a writer thread made the Python-bound steps after a save 30-80% of a
-synchronous save slower on a GPU).
+group of the writer processes alone. Serialising, hashing, writing and, for an object-store save_folder, uploading
+(train.uploads' protocol: per-rank markers, ``.complete``, then ``latest``) happen in the writer's interpreter, so
+they never take the training loop's GIL (issue #30: a writer thread made the Python-bound steps after a save 30-80%
+of a synchronous save slower on a GPU).
 
 A writer dies with its training process (``PR_SET_PDEATHSIG`` on Linux): a write cut short leaves a ``.partial``
 folder, never read. It ignores the signals that ask a job to stop (the training process decides when, and its
@@ -21,6 +22,7 @@ from __future__ import annotations
 import copy
 import ctypes
 import datetime
+import logging
 import os
 import pickle
 import signal
@@ -28,7 +30,6 @@ import socket
 import struct
 import sys
 import tempfile
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,9 @@ from torch.distributed.tensor import DTensor
 
 from llmfoundry.core import dist
 from llmfoundry.core.errors import ConfigError, first_line
-from llmfoundry.train.checkpoint import Snapshot, gather_object, write_snapshot
+from llmfoundry.core.secrets import protect_process
+from llmfoundry.train import uploads
+from llmfoundry.train.checkpoint import Snapshot, write_job
 
 ALIGN = 64  # bytes: every tensor of the region starts on a cache line, aligned for any dtype
 _HEADER = struct.Struct("!Q")
@@ -199,15 +202,37 @@ def _write(request: dict, region: SharedRegion, meshes: dict) -> tuple[str | Non
     tensors = {i: rebuild(region, d, meshes) for i, d in request["slots"].items()}
     tree = fill(request["tree"], tensors)
     snapshot = Snapshot(tree["state"], request["small"], tree["full"])
-    job = request["job"]
-    if not job["remote"]:
-        write_snapshot(job["folder"], job["name"], snapshot, config=job["config"], tokenizer=job["tokenizer"],
-                       overwrite=job["overwrite"], keep=job["keep"])
-        return None, None
-    staged = write_snapshot(job["folder"], job["name"], snapshot, config=job["config"], tokenizer=job["tokenizer"],
-                            overwrite=True, publish=False)
-    attempt = gather_object(uuid.uuid4().hex[:12] if dist.rank() == 0 else None)[0]  # one id for every rank's upload
-    return str(staged), attempt
+    staged, attempt = write_job(snapshot, **{k: v for k, v in request["job"].items() if k != "upload"})
+    return (str(staged) if staged is not None else None), attempt
+
+
+class Uploads:
+    """This rank's uploads of the checkpoints the writer staged (an object-store save_folder): the uploader's
+    thread runs in the writer process, so its requests, hashing and retries never take the training loop's GIL.
+    The training process learns how they stand from every answer (:meth:`status`) and waits for them at the end
+    of training (the ``uploads`` request)."""
+
+    def __init__(self):
+        self.uploader: uploads.Uploader | None = None
+
+    def submit(self, job: dict, staged: str, attempt: str) -> None:
+        if self.uploader is None:  # started by the first upload, with the Checkpointer's settings
+            self.uploader = uploads.Uploader(**job["upload"])
+        self.uploader.submit(uploads.UploadJob(job["name"], Path(staged), dist.world_size(), job["keep"], attempt))
+
+    def status(self, wait_s: float | None = 0.0, close: bool = False) -> dict:
+        """Pending uploads, failed ones and retried requests; waits up to ``wait_s`` (None: until done) first, and
+        with ``close`` stops the uploader's thread (what is still pending is then cut off with the process)."""
+        if self.uploader is None:
+            return {"pending": 0, "failed": [], "retries": 0}
+        if wait_s != 0.0:
+            self.uploader.wait(wait_s)
+        status = {"pending": self.uploader.pending(), "failed": list(self.uploader.failed),
+                  "retries": self.uploader.retries}
+        if close:
+            self.uploader.close(0)
+            self.uploader = None
+        return status
 
 
 def serve(sock: socket.socket) -> None:
@@ -219,24 +244,30 @@ def serve(sock: socket.socket) -> None:
                                            timeout=timeout)
         torch.distributed.init_process_group("gloo", store=store, rank=setup["rank"],
                                              world_size=setup["world_size"], timeout=timeout)
-    region, meshes = None, {}
+    region, meshes, staged_uploads = None, {}, Uploads()
     try:
         while True:
             request = receive_message(sock)
             if request["op"] == "stop":
                 return
+            if request["op"] == "uploads":  # how the uploads stand; at the end of training: wait for them
+                send_message(sock, ("ok", None, None, staged_uploads.status(request["wait_s"], request["close"])))
+                continue
             if request.get("region"):
                 _, fds, _, _ = socket.recv_fds(sock, 1, 1)
                 if region is not None:
                     region.close()
                 region = SharedRegion(request["region"], fd=fds[0])
             try:
-                reply = ("ok", *_write(request, region, meshes))
+                staged, attempt = _write(request, region, meshes)
+                if staged is not None and request["job"].get("upload"):
+                    staged_uploads.submit(request["job"], staged, attempt)
+                reply = ("ok", staged, attempt)
             except ConfigError as error:
                 reply = ("config", str(error), None)
             except Exception as error:  # noqa: BLE001 - any failure is reported to the training process, in one line
                 reply = ("error", f"{type(error).__name__}: {first_line(error)}", None)
-            send_message(sock, reply)
+            send_message(sock, (*reply, staged_uploads.status()))
     finally:
         if region is not None:
             region.close()
@@ -252,6 +283,8 @@ def main(argv: list[str]) -> int:
     # Background work: where cores are short, the training process (which launches the GPU's kernels) comes first.
     # Only 5: at 10 or 19, on a host whose cores are all busy, the write starved until the next save waited for it.
     os.nice(5)
+    protect_process([])  # what it writes (an upload's warnings) is masked as the training process's output is
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s checkpoint writer: %(message)s")
     with socket.socket(fileno=fd) as sock:
         try:
             serve(sock)

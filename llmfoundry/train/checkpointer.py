@@ -8,7 +8,6 @@ It also finds the newest complete checkpoint to resume from and downloads a remo
 from __future__ import annotations
 
 import os
-import uuid
 from pathlib import Path
 
 from llmfoundry.core import dist, objectstore
@@ -17,11 +16,10 @@ from llmfoundry.train import uploads
 from llmfoundry.train.async_save import AsyncSaver
 from llmfoundry.train.checkpoint import (
     Snapshot,
-    gather_object,
     latest_checkpoint,
     list_checkpoints,
     take_snapshot,
-    write_snapshot,
+    write_job,
 )
 from llmfoundry.train.components import Component
 from llmfoundry.train.composer_checkpoint import find_composer_checkpoint
@@ -34,7 +32,7 @@ class Checkpointer:
     folder and uploaded by this rank's background :class:`~llmfoundry.train.uploads.Uploader`; training goes on
     meanwhile, and the checkpoint becomes ``latest`` only once every rank's files are up. With
     ``save_async`` the write is done by a writer process (train.async_save) from a copy in shared host memory, and
-    the upload starts once it is written.
+    the upload, by that process too, starts once it is written.
     """
 
     def __init__(self, save_folder: str | None, upload_cfg=None, *, keep: int = -1, overwrite: bool = False,
@@ -46,16 +44,20 @@ class Checkpointer:
         self.overwrite = overwrite
         self.upload_cfg = upload_cfg
         self.remote = objectstore.is_remote(save_folder)
-        self.uploader: uploads.Uploader | None = None
+        self.uploader: uploads.Uploader | None = None  # synchronous saves' uploads (save_async's: the writer's)
         self.unfinished = 0  # uploads still running when finish() stopped waiting
+        self.failed: list[str] = []  # checkpoints whose upload failed (known at finish())
         self._announcements: list = []  # what to call once the checkpoint in flight is written (when_written)
+        self._upload_settings: dict | None = None
         if self.remote:
             self.staging = remote_staging(save_folder, upload_cfg)
-            kwargs = {}
+            self._upload_settings = dict(url=save_folder, rank=dist.rank())
             if upload_cfg is not None:
-                kwargs = dict(timeout_s=upload_cfg.timeout_s, initial_backoff_s=upload_cfg.initial_backoff_s,
-                              max_backoff_s=upload_cfg.max_backoff_s)
-            self.uploader = uploads.Uploader(save_folder, dist.rank(), **kwargs)
+                self._upload_settings.update(timeout_s=upload_cfg.timeout_s,
+                                             initial_backoff_s=upload_cfg.initial_backoff_s,
+                                             max_backoff_s=upload_cfg.max_backoff_s)
+            if self.background is None:
+                self.uploader = uploads.Uploader(**self._upload_settings)
 
     def save(self, name: str, components: dict[str, Component], *, config: dict, tokenizer, **options) -> str:
         """Write checkpoint ``name`` of ``components`` (collective; ``options``: train.checkpoint.take_snapshot's);
@@ -67,26 +69,21 @@ class Checkpointer:
         self.wait()  # one write in flight; its error (a ConfigError) is raised here
         optimizer = components["optimizer"].state.optimizer if "optimizer" in components else None
         self.background.snapshot(take_snapshot(components, **options), components["model"].state.model, optimizer)
-        job = dict(name=name, folder=str(self.staging if self.remote else self.save_folder), remote=self.remote,
-                   overwrite=self.overwrite, keep=self.keep, config=config,
-                   tokenizer=self.background.tokenizer_files(tokenizer))
-        upload = None
-        if self.remote:  # the writer staged the files; this rank's uploader (a thread of this process) sends them
-            def upload(staged, attempt):
-                self.uploader.submit(uploads.UploadJob(name, Path(staged), dist.world_size(), self.keep, attempt))
-        self.background.start(job, upload)
+        # the writer process writes it and, for an object store, uploads what it staged (no thread of this process)
+        self.background.start(dict(self._job(name, config), tokenizer=self.background.tokenizer_files(tokenizer),
+                                   upload=self._upload_settings))
         return where
 
+    def _job(self, name: str, config: dict) -> dict:
+        """train.checkpoint.write_job's arguments for checkpoint ``name`` (the tokenizer aside)."""
+        return dict(name=name, folder=str(self.staging if self.remote else self.save_folder), remote=self.remote,
+                    overwrite=self.overwrite, keep=self.keep, config=config)
+
     def _write(self, name: str, snapshot: Snapshot, config: dict, tokenizer) -> None:
-        """Write (and for s3://, hand to the uploader) one snapshot; collective."""
-        if not self.remote:
-            write_snapshot(self.save_folder, name, snapshot, config=config, tokenizer=tokenizer,
-                           overwrite=self.overwrite, keep=self.keep)
-            return
-        staged = write_snapshot(self.staging, name, snapshot, config=config, tokenizer=tokenizer, overwrite=True,
-                                publish=False)
-        attempt = gather_object(uuid.uuid4().hex[:12] if dist.rank() == 0 else None)[0]
-        self.uploader.submit(uploads.UploadJob(name, staged, dist.world_size(), self.keep, attempt))
+        """Write (and for an object store, hand to this rank's uploader) one snapshot; collective."""
+        staged, attempt = write_job(snapshot, **self._job(name, config), tokenizer=tokenizer)
+        if staged is not None:
+            self.uploader.submit(uploads.UploadJob(name, staged, dist.world_size(), self.keep, attempt))
 
     def wait(self) -> None:
         """Wait for a background write (save_async) in flight; raise its error. A no-op otherwise."""
@@ -138,24 +135,32 @@ class Checkpointer:
             raise ConfigError(problem)
 
     def metrics(self) -> dict[str, float]:
-        return uploads.describe(self.uploader)
+        if not self.remote:
+            return {}
+        if self.background is not None:
+            status = self.background.upload_status()
+            return uploads.describe(status["pending"], status["retries"])
+        return uploads.describe(self.uploader.pending(), self.uploader.retries)
 
     def finish(self, timeout_s: float) -> bool:
         """Wait for a background write (raising its error) and pending uploads (every rank); False if some uploads
         did not finish or failed."""
         if self.background is not None:
-            self.background.release()
+            self.background.release(upload_timeout_s=timeout_s if self.remote else 0.0)
             self._announce()
+            status = self.background.uploads
+            self.unfinished, self.failed = status["pending"], status["failed"]
+            return not self.unfinished and not self.failed
         if self.uploader is None:
             return True
         done = self.uploader.wait(timeout_s)
-        self.unfinished = self.uploader.pending()
+        self.unfinished, self.failed = self.uploader.pending(), list(self.uploader.failed)
         self.uploader.close(0)
-        return done and not self.uploader.failed
+        return done and not self.failed
 
     def upload_failure(self) -> str:
         """One line on the uploads that did not complete (after finish() returned False)."""
-        lost = self.uploader.failed + ([f"{self.unfinished} still uploading"] if self.unfinished else [])
+        lost = self.failed + ([f"{self.unfinished} still uploading"] if self.unfinished else [])
         limit = f"checkpoint_upload.timeout_s: {self.upload_cfg.timeout_s:g} s" if self.upload_cfg else "the retry budget"
         return (f"save_folder: checkpoint upload to {self.save_folder} did not complete ({', '.join(lost)}; "
                 f"{limit}); 'latest' still names the newest complete checkpoint: run the same command again to "

@@ -250,7 +250,6 @@ def publish_folder(staged: Path, url: str, retry: objectstore.Retry, *, last: tu
     return files
 
 
-def describe(uploader: Uploader | None) -> dict[str, Any]:
-    if uploader is None:
-        return {}
-    return {"checkpoint/uploads_pending": float(uploader.pending()), "checkpoint/upload_retries": float(uploader.retries)}
+def describe(pending: int, retries: int) -> dict[str, Any]:
+    """The metrics of a rank's uploads: checkpoints still uploading, and requests retried so far."""
+    return {"checkpoint/uploads_pending": float(pending), "checkpoint/upload_retries": float(retries)}

@@ -129,21 +129,40 @@ def test_upload_survives_an_s3_outage_without_a_premature_latest(recipe, s3_serv
         assert {".metadata", "__0_0.distcp", "rank0.pt", "config.yaml", ".complete"} <= got, name
 
 
+class WriterUploads:
+    """The uploads of save_async's writer process, waited for as an Uploader's are."""
+
+    def __init__(self, checkpointer):
+        self.checkpointer = checkpointer
+
+    def wait(self, timeout_s: float) -> bool:
+        self.checkpointer.wait()  # the write first: its upload starts once it is staged
+        return self.checkpointer.background.upload_status(wait_s=timeout_s)["pending"] == 0
+
+
+@pytest.mark.parametrize("save_async", [False, True], ids=["sync", "save_async"])
 def test_an_outage_longer_than_the_upload_budget_is_a_one_line_error_and_the_run_resumes(recipe, s3_server, moto_s3,
-                                                                                          tmp_path):
+                                                                                          tmp_path, save_async,
+                                                                                          monkeypatch):
     from llmfoundry.train.errors import TrainingStopped
 
     url = f"s3://{BUCKET}/runs/long-outage"
 
     def run(**extra):
         return make_trainer(recipe(eval_loader=None, scheduler=None, max_duration="6ba", save_folder=url,
-                                   save_interval="2ba", checkpoint_upload={
+                                   save_interval="2ba", save_async=save_async, checkpoint_upload={
                                        "staging_folder": str(tmp_path / "staging"), "max_backoff_s": 0.5,
                                        "timeout_s": 2}, **extra))
 
+    if save_async:  # the writer process uploads: an upload from a thread of this process would fail
+        def not_here(*args, **kwargs):
+            raise AssertionError("save_async uploaded from the training process")
+
+        monkeypatch.setattr(uploads.Uploader, "submit", not_here)
     trainer = run()
     # ep0-ba2 is up; ep0-ba4 and ep0-ba6 meet a dead store
-    outage = Outage(moto_s3, None, after_batch=3, uploads=trainer.checkpointer.uploader)
+    outage = Outage(moto_s3, None, after_batch=3, uploads=WriterUploads(trainer.checkpointer) if save_async
+                    else trainer.checkpointer.uploader)
     trainer.callbacks.append(outage)
     try:
         with pytest.raises(TrainingStopped) as caught:
