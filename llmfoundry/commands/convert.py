@@ -2,7 +2,8 @@
 export a model to a transformers-native folder (or, with ``--recipe RECIPE.yaml``, to a checkpoint of ours).
 
 CHECKPOINT is one of our checkpoints (a checkpoint folder or a save_folder), a checkpoint written by llm-foundry
-(Composer: a ``*.pt`` file or a sharded folder) or a Hugging Face folder, local or in an object store (``s3://``, ``gs://``, Azure, ``oci://``); the exported folder loads with ``transformers.AutoModelForCausalLM.from_pretrained`` and no
+(Composer: a ``*.pt`` file or a sharded folder) or a Hugging Face folder, local or in an object store (``s3://``, ``gs://``, Azure, ``oci://``, or
+the Hub, read-only: ``hf://ORG/NAME``); the exported folder loads with ``transformers.AutoModelForCausalLM.from_pretrained`` and no
 ``trust_remote_code`` (see llmfoundry.models.hf_export for which transformers class each architecture maps to).
 
 OUT_DIR is a local folder or an object-store prefix (``s3://bucket/prefix``, gs://, Azure, oci://): a remote export is written to a local staging folder and

@@ -25,7 +25,8 @@ class StreamSettings:
     """One MDS source among several (``dataset.streams.<name>``)."""
 
     remote: str | None = option(None, "where the shards live: s3://bucket/path (endpoint from S3_ENDPOINT_URL), "
-                                             "gs://bucket/path, azure://container/path or a folder")
+                                             "gs://bucket/path, azure://container/path, oci://bucket/path, "
+                                             "hf://datasets/ORG/NAME/path or a folder")
     local: str | None = option(None, "local folder for the shards (the data itself when remote is unset; a cache otherwise)")
     split: str | None = option(None, "sub-folder of remote/local to read (e.g. train, val)")
     proportion: float | None = option(None, "share of each epoch drawn from this stream (others derived)")
@@ -42,7 +43,8 @@ class StreamingOptions:
     """streaming's StreamingDataset options (shared by the text and finetuning loaders)."""
 
     remote: str | None = option(None, "where the shards live: s3://bucket/path (endpoint from S3_ENDPOINT_URL), "
-                                             "gs://bucket/path, azure://container/path or a folder")
+                                             "gs://bucket/path, azure://container/path, oci://bucket/path, "
+                                             "hf://datasets/ORG/NAME/path or a folder")
     local: str | None = option(None, "local folder with the shards (the data itself when remote is unset; a cache otherwise)")
     split: str | None = option(None, "sub-folder of remote/local to read (e.g. train, val)")
     streams: dict[str, StreamSettings] | None = option(None, "several sources mixed into one epoch, by name")

@@ -165,7 +165,7 @@ class TrainConfig:
         default_factory=CheckpointUploadConfig, doc="staging and retries for an s3:// save_folder"
     )
     load_path: str | None = option(None, "checkpoint to start from (a checkpoint folder or a save_folder; local, "
-                                         "s3://, gs:// or azure://)")
+                                         "s3://, gs://, azure://, oci:// or hf://, read-only)")
     load_weights_only: bool = option(False, "load only model weights from load_path (fresh optimizer and time)")
     load_strict_model_weights: bool = option(True, "fail when load_path lacks or adds model weights")
     autoresume: bool = option(False, "resume from the newest complete checkpoint in save_folder")
