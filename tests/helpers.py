@@ -221,3 +221,22 @@ def make_torchao_importable() -> None:
                            f"in {FLOAT8_LIBRARIES}) or pip install 'llmfoundry[float8]'")
     sys.path.insert(0, str(FLOAT8_LIBRARIES))
     importlib.invalidate_caches()
+
+
+def run_as_nobody(action) -> int:
+    """Run ``action`` in a forked child that drops to user nobody (the caller is root); its exit code says how it
+    went (0: done, 13: a PermissionError, 1: another error; ``action`` may exit with its own code)."""
+    import os
+
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            action()
+            os._exit(0)
+        except PermissionError:
+            os._exit(13)
+        except BaseException:
+            os._exit(1)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])

@@ -23,7 +23,6 @@ import hashlib
 import importlib.util
 import os
 import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -36,6 +35,7 @@ from llmfoundry.core import azure, hf_store, oci
 from llmfoundry.core.errors import ConfigError, first_line
 from llmfoundry.core.gcs import GCSClient
 from llmfoundry.core.gcs import emulator as gcs_emulator
+from llmfoundry.core.scratch import user_temp_folder
 
 T = TypeVar("T")
 S3 = "s3://"
@@ -492,9 +492,9 @@ def remove_tree(root: str, stores: tuple[str, ...] = (S3,)) -> None:
 # ----------------------------------------------------------------------------------------------- staging
 def staging_root(url: str, configured: str | None = None) -> Path:
     """The local folder where files for ``url`` are staged (uploads) or cached (downloads): ``configured`` when
-    given, else a folder under the system temp dir named by a hash of the URL. ``LLMFOUNDRY_STAGING_DIR`` moves
-    the default root (tests give each test its own)."""
+    given, else a folder under this user's temp folder named by a hash of the URL. ``LLMFOUNDRY_STAGING_DIR``
+    moves the default root (tests give each test its own)."""
     if configured:
         return Path(configured)
-    root = os.environ.get("LLMFOUNDRY_STAGING_DIR") or str(Path(tempfile.gettempdir()) / "llmfoundry-staging")
+    root = os.environ.get("LLMFOUNDRY_STAGING_DIR") or user_temp_folder("llmfoundry-staging")
     return Path(root) / hashlib.sha1(url.encode()).hexdigest()[:12]

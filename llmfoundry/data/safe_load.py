@@ -9,13 +9,13 @@ local folder, or the files named by ``hf_kwargs.data_files``, must hold only tho
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 from huggingface_hub import snapshot_download
 
 from llmfoundry.core import objectstore
 from llmfoundry.core.errors import ConfigError, first_line
+from llmfoundry.core.scratch import user_temp_folder
 
 SAFE_EXTENSIONS = (".csv", ".json", ".jsonl", ".parquet")
 HUB_BOOKKEEPING_EXTENSIONS = (".lock", ".metadata")  # written by huggingface_hub next to downloaded files
@@ -46,9 +46,10 @@ def check_folder(folder: str, key: str) -> None:
 
 
 def download_folder() -> str:
-    """Where hub datasets are downloaded for safe loading (``LLMFOUNDRY_CACHE``, default: a temp folder)."""
-    root = os.environ.get("LLMFOUNDRY_CACHE") or tempfile.gettempdir()
-    return os.path.join(root, "llmfoundry-safe-datasets")
+    """Where hub datasets are downloaded for safe loading (``LLMFOUNDRY_CACHE``, default: this user's temp
+    folder)."""
+    root = os.environ.get("LLMFOUNDRY_CACHE")
+    return os.path.join(root, "llmfoundry-safe-datasets") if root else user_temp_folder("llmfoundry-safe-datasets")
 
 
 def safe_dataset_folder(hf_name: str, hf_kwargs: dict, key: str) -> str:

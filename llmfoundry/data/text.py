@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 import threading
 from typing import Any
 
@@ -37,6 +36,7 @@ import torch
 
 from llmfoundry.core import dist, objectstore
 from llmfoundry.core.errors import ConfigError
+from llmfoundry.core.scratch import user_temp_folder
 from llmfoundry.data.loader_settings import StreamingOptions, TextLoaderSettings
 from llmfoundry.data.shard_check import check_local_shards
 from llmfoundry.data.shm_registration import shm_registration_lock
@@ -52,8 +52,8 @@ _used_lock = threading.Lock()
 
 
 def cache_root() -> str:
-    """Where shards streamed from a remote are cached (``LLMFOUNDRY_CACHE``, default: a temp folder)."""
-    return os.environ.get("LLMFOUNDRY_CACHE") or os.path.join(tempfile.gettempdir(), "llmfoundry-mds-cache")
+    """Where shards streamed from a remote are cached (``LLMFOUNDRY_CACHE``, default: this user's temp folder)."""
+    return os.environ.get("LLMFOUNDRY_CACHE") or user_temp_folder("llmfoundry-mds-cache")
 
 
 def _run_key() -> str:

@@ -20,6 +20,7 @@ from llmfoundry.data.shm_registration import (SHM_REGISTRATION_LOCK, open_shared
                                               shm_registration_lock)
 from llmfoundry.data.streaming_guard import import_streaming
 from llmfoundry.data.text import build_text_dataloader
+from tests.helpers import run_as_nobody
 
 pytestmark = pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="POSIX shared memory in /dev/shm (Linux)")
 NAMES = import_streaming().base.constant.SHM_TO_CLEAN
@@ -240,23 +241,6 @@ def test_a_lock_file_removed_while_a_job_waits_is_not_held_twice(tmp_path):
         waiting.join(60)
 
 
-def _as_nobody(action) -> int:
-    """Run ``action`` in a forked child that drops to user nobody; its exit code says how it went (0: done, 13: a
-    PermissionError, 1: another error; ``action`` may exit with its own code)."""
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.setgid(65534)
-            os.setuid(65534)
-            action()
-            os._exit(0)
-        except PermissionError:
-            os._exit(13)
-        except BaseException:
-            os._exit(1)
-    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-
-
 def _sticky_folder() -> Path:
     """A world-writable sticky folder like /dev/shm (pytest's own folders are root's only)."""
     shared = Path(tempfile.mkdtemp(prefix="llmfoundry-shm-", dir="/tmp"))
@@ -282,8 +266,8 @@ def test_a_second_user_takes_the_lock_file_another_user_created():
         fcntl.flock(open_shared_lock_file(lock), fcntl.LOCK_EX | fcntl.LOCK_NB)
 
     try:
-        assert _as_nobody(lambda: open(lock, "a")) == 13  # what the lock file used to be opened with
-        assert _as_nobody(take_lock) == 0
+        assert run_as_nobody(lambda: open(lock, "a")) == 13  # what the lock file used to be opened with
+        assert run_as_nobody(take_lock) == 0
     finally:
         shutil.rmtree(shared, ignore_errors=True)
 
@@ -306,6 +290,6 @@ def test_a_second_user_registers_where_the_lock_file_was_left_unreadable():
             os._exit(2)
 
     try:
-        assert _as_nobody(register) == 0
+        assert run_as_nobody(register) == 0
     finally:
         shutil.rmtree(shared, ignore_errors=True)
