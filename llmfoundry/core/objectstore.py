@@ -49,7 +49,7 @@ HF = hf_store.SCHEME  # hf://[datasets/]ORG/NAME[@REV]/path: the Hugging Face Hu
 CHECKPOINT_STORES = (S3, GS, *AZURE, OCI)
 DATA_STORES = (S3, GS, *AZURE, OCI)
 FSSPEC_STORES = (GS, *AZURE)  # answered by core/fsspec_store.FsspecClient
-ROUTED_STORES = (*FSSPEC_STORES, OCI)  # stores whose data streaming downloads with our clients
+ROUTED_STORES = (*FSSPEC_STORES, OCI, HF)  # stores whose data streaming downloads with our clients
 SOURCES = (*CHECKPOINT_STORES, HF)  # keys that only read (hf_store.READ_BY) take hf:// too; keys that write refuse it
 # The optional package each of those needs, and the extra that installs it.
 NEEDS = {GS: ("gcsfs", "gcs"), **{scheme: ("adlfs", "azure") for scheme in AZURE}}

@@ -9,9 +9,13 @@ through boto3 otherwise; its Azure downloaders (``azure``, ``azure-dl``) hard-co
 adlfs: the AZURE_STORAGE_* variables, a connection string, azure-identity), so data and checkpoints on one store
 need one set-up. Its OCI downloader needs the oci SDK and an API signing key in ``~/.oci/config`` and strips the
 namespace from ``bucket@namespace`` only when it is the tenancy's; ours speaks OCI's S3 compatibility API with the
-customer secret key that checkpoints use (core/oci.py). Its uploaders (``streaming.base.storage.upload.UPLOADERS``,
-class names by scheme) have the same limits and know no ``az://``, ``abfs://`` or ``abfss://``; ours upload each
-shard with the client above. ``s3://`` stays with streaming's own downloader and uploader.
+customer secret key that checkpoints use (core/oci.py). Its ``hf`` downloader knows dataset repos only
+(``hf://datasets/ORG/NAME/path``), takes no revision (``@v1``), says a missing file with an error streaming asks
+again about, and leaves huggingface_hub's ``.cache/`` folder in the loader's ``local``; ours reads every Hub URL
+with the client of load_path (core/hf_store.py, read-only: hf:// has no uploader). Its uploaders
+(``streaming.base.storage.upload.UPLOADERS``, class names by scheme) have the same limits and know no ``az://``,
+``abfs://`` or ``abfss://``; ours upload each shard with the client above. ``s3://`` stays with streaming's own
+downloader and uploader.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ ROUTED = tuple(scheme.removesuffix("://") for scheme in objectstore.ROUTED_STORE
 
 
 def route_store_downloads(streaming: types.ModuleType) -> None:
-    """Make ``streaming`` download gs://, Azure and oci:// objects with our clients (idempotent)."""
+    """Make ``streaming`` download gs://, Azure, oci:// and hf:// objects with our clients (idempotent)."""
     download = streaming.base.storage.download
     if all(getattr(download.DOWNLOADER_MAPPINGS.get(scheme), "ours", False) for scheme in ROUTED):
         return
