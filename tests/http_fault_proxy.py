@@ -27,6 +27,10 @@ class FaultProxy:
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
+            # HTTP/1.1: botocore sends "Expect: 100-continue" with every upload and, answered by an HTTP/1.0
+            # server, waits a second for the "100 Continue" that never comes before it sends the body
+            protocol_version = "HTTP/1.1"
+
             def log_message(self, *args):  # quiet
                 pass
 
@@ -58,7 +62,9 @@ class FaultProxy:
                     self._answer(proxy.status, SLOW_DOWN)
                     return
                 upstream = http.client.HTTPConnection(*proxy.target, timeout=30)
-                upstream.request(self.command, self.path, body=body or None, headers=dict(self.headers))
+                hop_by_hop = ("expect", "connection", "keep-alive")  # this hop's: answered here, not forwarded
+                upstream.request(self.command, self.path, body=body or None,
+                                 headers={k: v for k, v in self.headers.items() if k.lower() not in hop_by_hop})
                 response = upstream.getresponse()
                 data = response.read()
                 self.send_response(response.status)
