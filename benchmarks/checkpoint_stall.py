@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -128,10 +128,12 @@ def run_cases(spec: dict) -> dict:
 
 
 def background_busy(trainer) -> bool:
-    """A background write (save_async) or an upload (s3://) is in flight on this rank."""
-    checkpointer = trainer.checkpointer
-    writing = checkpointer.background is not None and checkpointer.background.busy()
-    return writing or (checkpointer.uploader is not None and checkpointer.uploader.pending() > 0)
+    """A background write (save_async) or an upload (s3://: by the uploader thread of a synchronous save, by the
+    writer process with save_async, asked at each step) is in flight on this rank."""
+    checkpointer, background = trainer.checkpointer, trainer.checkpointer.background
+    if background is not None:
+        return background.busy() or (checkpointer.remote and background.upload_status()["pending"] > 0)
+    return checkpointer.uploader is not None and checkpointer.uploader.pending() > 0
 
 
 def blocked_s(trainer) -> float:
@@ -173,11 +175,38 @@ def worker_main(spec_path: str) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- orchestration
+class StoreProcess:
+    """moto's S3 server in a process of its own at nice 19, on 127.0.0.1. A real store is another machine: run in
+    this process (a thread, as the tests run it), its work for each upload took the 2 cores from the training loop
+    and was charged to the save as slower steps, whether the upload ran in the training process or not."""
+
+    def __init__(self):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", "import os, sys; os.nice(19); from moto.server import main; main(sys.argv[1:])",
+             "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    return
+            except OSError:
+                if time.monotonic() > deadline or self.process.poll() is not None:
+                    raise RuntimeError("moto's server did not start") from None
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
 def make_world(work: Path):
     import boto3
 
     from llmfoundry.data.tokenizer_training import train_bpe_tokenizer
-    from tests.conftest import MotoS3Server
     from tests.helpers import TINY_RECIPE_SEQ, convert_text_folder, make_corpus, write_text_folder
 
     corpus = make_corpus(400)
@@ -185,9 +214,7 @@ def make_world(work: Path):
     train_bpe_tokenizer(corpus, vocab_size=512, out_dir=tokenizer)
     mds = work / "mds"
     convert_text_folder(write_text_folder(work / "text", corpus), mds / "train", tokenizer, TINY_RECIPE_SEQ)
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request of the moto server
-    s3 = MotoS3Server()
-    s3.start()
+    s3 = StoreProcess()
     env = {"AWS_ACCESS_KEY_ID": "stall", "AWS_SECRET_ACCESS_KEY": "stall", "AWS_DEFAULT_REGION": "us-east-1",
            "S3_ENDPOINT_URL": s3.url, "AWS_ENDPOINT_URL_S3": s3.url}
     boto3.client("s3", endpoint_url=s3.url, aws_access_key_id="stall", aws_secret_access_key="stall",

@@ -162,6 +162,7 @@ class AsyncSaver:
         self._error: BaseException | None = None
         # how the writer's uploads stood at its last answer (an object-store save_folder: the writer uploads)
         self.uploads: dict = {"pending": 0, "failed": [], "retries": 0}
+        self._uploads_asked = -float("inf")  # when the writer was last asked (monotonic seconds)
         self.blocked_s = 0.0  # time optimizer steps waited for a copy (the benchmark adds it to the stall)
 
     def snapshot(self, live: Snapshot, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
@@ -288,12 +289,15 @@ class AsyncSaver:
             self.writer = None
         self._area.close()
 
-    def upload_status(self, wait_s: float | None = 0.0, close: bool = False) -> dict:
+    def upload_status(self, wait_s: float | None = 0.0, close: bool = False, max_age_s: float = 0.0) -> dict:
         """How the writer's uploads stand (pending, failed, retries). Asked of the writer when no write is in
-        flight (answered at once unless ``wait_s`` > 0; None: until they are done; ``close`` stops its uploader);
-        while one is, what the writer's last answer said."""
-        if self.writer is not None and not self.busy():
+        flight (answered at once unless ``wait_s`` > 0; None: until they are done; ``close`` stops its uploader)
+        and the last answer is older than ``max_age_s``; else what the writer's last answer said. (An answer can
+        wait for the writer's interpreter, busy uploading: a step's metrics ask at most once a second.)"""
+        fresh = time.monotonic() - self._uploads_asked < max_age_s
+        if self.writer is not None and not self.busy() and not fresh:
             _, _, _, uploads = self.writer.request({"op": "uploads", "wait_s": wait_s, "close": close})
+            self._uploads_asked = time.monotonic()
             if uploads is not None:
                 self.uploads = uploads
             elif close:  # the writer died: what it had not uploaded is lost

@@ -138,7 +138,7 @@ class Checkpointer:
         if not self.remote:
             return {}
         if self.background is not None:
-            status = self.background.upload_status()
+            status = self.background.upload_status(max_age_s=1.0)  # every step: the writer is asked once a second
             return uploads.describe(status["pending"], status["retries"])
         return uploads.describe(self.uploader.pending(), self.uploader.retries)
 
