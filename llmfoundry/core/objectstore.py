@@ -496,5 +496,5 @@ def staging_root(url: str, configured: str | None = None) -> Path:
     moves the default root (tests give each test its own)."""
     if configured:
         return Path(configured)
-    root = os.environ.get("LLMFOUNDRY_STAGING_DIR") or user_temp_folder("llmfoundry-staging")
+    root = os.environ.get("LLMFOUNDRY_STAGING_DIR") or user_temp_folder("llmfoundry-staging", "LLMFOUNDRY_STAGING_DIR")
     return Path(root) / hashlib.sha1(url.encode()).hexdigest()[:12]

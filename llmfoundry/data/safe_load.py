@@ -49,7 +49,7 @@ def download_folder() -> str:
     """Where hub datasets are downloaded for safe loading (``LLMFOUNDRY_CACHE``, default: this user's temp
     folder)."""
     root = os.environ.get("LLMFOUNDRY_CACHE")
-    return os.path.join(root, "llmfoundry-safe-datasets") if root else user_temp_folder("llmfoundry-safe-datasets")
+    return os.path.join(root, "llmfoundry-safe-datasets") if root else user_temp_folder("llmfoundry-safe-datasets", "LLMFOUNDRY_CACHE")
 
 
 def safe_dataset_folder(hf_name: str, hf_kwargs: dict, key: str) -> str:

@@ -53,7 +53,7 @@ _used_lock = threading.Lock()
 
 def cache_root() -> str:
     """Where shards streamed from a remote are cached (``LLMFOUNDRY_CACHE``, default: this user's temp folder)."""
-    return os.environ.get("LLMFOUNDRY_CACHE") or user_temp_folder("llmfoundry-mds-cache")
+    return os.environ.get("LLMFOUNDRY_CACHE") or user_temp_folder("llmfoundry-mds-cache", "LLMFOUNDRY_CACHE")
 
 
 def _run_key() -> str:

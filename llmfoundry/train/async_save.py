@@ -162,6 +162,7 @@ class AsyncSaver:
         self._error: BaseException | None = None
         # how the writer's uploads stood at its last answer (an object-store save_folder: the writer uploads)
         self.uploads: dict = {"pending": 0, "failed": [], "retries": 0}
+        self._earlier: dict = {"failed": [], "retries": 0}  # what the writers released before this one reported
         self._uploads_asked = -float("inf")  # when the writer was last asked (monotonic seconds)
         self.blocked_s = 0.0  # time optimizer steps waited for a copy (the benchmark adds it to the stall)
 
@@ -253,7 +254,7 @@ class AsyncSaver:
                 copying.result()  # the writer reads the region only once the copy is complete
             status, detail, _, uploads = writer.request(message, fd)
             if uploads is not None:
-                self.uploads = uploads
+                self._record(uploads)
             if status == "config":
                 raise ConfigError(detail)
             if status != "ok":
@@ -290,19 +291,30 @@ class AsyncSaver:
         self._area.close()
 
     def upload_status(self, wait_s: float | None = 0.0, close: bool = False, max_age_s: float = 0.0) -> dict:
-        """How the writer's uploads stand (pending, failed, retries). Asked of the writer when no write is in
-        flight (answered at once unless ``wait_s`` > 0; None: until they are done; ``close`` stops its uploader)
-        and the last answer is older than ``max_age_s``; else what the writer's last answer said. (An answer can
-        wait for the writer's interpreter, busy uploading: a step's metrics ask at most once a second.)"""
-        fresh = time.monotonic() - self._uploads_asked < max_age_s
-        if self.writer is not None and not self.busy() and not fresh:
+        """How the writer's uploads stand (pending, failed, retries; over every writer of the run). Asked of the
+        writer when no write is in flight (answered at once unless ``wait_s`` > 0; None: until they are done;
+        ``close`` stops its uploader); else what its last answer said. With ``max_age_s`` (a step's metrics) it is
+        asked only while uploads are pending, at most once in that time: an answer waits for the writer's
+        interpreter, which may be busy uploading or, before the first save, still starting."""
+        asked_lately = time.monotonic() - self._uploads_asked < max_age_s
+        if max_age_s and (asked_lately or not self.uploads["pending"]):
+            return self.uploads
+        if self.writer is not None and not self.busy():
             _, _, _, uploads = self.writer.request({"op": "uploads", "wait_s": wait_s, "close": close})
             self._uploads_asked = time.monotonic()
             if uploads is not None:
-                self.uploads = uploads
-            elif close:  # the writer died: what it had not uploaded is lost
-                self.uploads = {**self.uploads, "failed": [*self.uploads["failed"], "the writer process's uploads"]}
+                self._record(uploads)
+            elif close and self.uploads["pending"]:  # the writer died: what it had not uploaded is lost
+                self.uploads = {**self.uploads, "pending": 0,
+                                "failed": [*self.uploads["failed"], f"{self.uploads['pending']} in the writer process"]}
+        if close:  # the next writer (a later fit) counts on from here
+            self._earlier = {"failed": self.uploads["failed"], "retries": self.uploads["retries"]}
         return self.uploads
+
+    def _record(self, uploads: dict) -> None:
+        """The writer's answer, added to what earlier writers of the run reported."""
+        self.uploads = {"pending": uploads["pending"], "failed": [*self._earlier["failed"], *uploads["failed"]],
+                        "retries": self._earlier["retries"] + uploads["retries"]}
 
     def release(self, upload_timeout_s: float | None = None) -> None:
         """Wait for the write, and up to ``upload_timeout_s`` (None: until done) for the writer's uploads; then stop

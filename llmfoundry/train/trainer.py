@@ -478,9 +478,10 @@ class Trainer:
         self.metrics_log.flush()
 
     def save_now(self) -> None:
-        """A just-in-time checkpoint (RunServices): unless this batch is saved anyway, at an interval or the end."""
-        at_end = bool(self.cfg.save_folder) and self.time.batch >= self.max_batches
-        preemption.save_now(self, saved=self.saved_batch == self.time.batch or self._due_save() or at_end)
+        """A just-in-time checkpoint (RunServices), complete when this returns: saved now unless this batch is saved
+        already (a batch due for an interval or the end-of-training save is saved here, and the loop then does not
+        save it again)."""
+        preemption.save_now(self, saved=self.saved_batch == self.time.batch)
 
     def finish_uploads(self) -> bool:
         return self.checkpointer.finish(self.cfg.checkpoint_upload.wait_at_end_s)

@@ -127,40 +127,57 @@ class Uploader:
         self._counting = threading.Lock()  # s3transfer's threads count too
         objectstore.count_failed_requests(self.folder.client, self._count_retry)
         # Started by the first upload: a run that stops before its first save (a bad recipe found late, a missing
-        # bucket) leaves no thread behind.
+        # bucket) leaves no thread behind. Started again by an upload after close() (a launcher's just-in-time
+        # save waits for the uploads mid-run, and training goes on).
         self._thread: threading.Thread | None = None
+        self._starting = threading.Lock()  # the thread's decision to end, against a submit that needs it
+        self._stops = 0  # close()'s stop marks in the queue, not yet taken (not uploads: pending() leaves them out)
 
     def submit(self, job: UploadJob) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name=f"checkpoint-upload-rank{self.rank}", daemon=True)
-            self._thread.start()
-        self.jobs.put(job)
+        with self._starting:
+            self.jobs.put(job)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=f"checkpoint-upload-rank{self.rank}",
+                                                daemon=True)
+                self._thread.start()
 
     def pending(self) -> int:
-        return self.jobs.unfinished_tasks
+        """Checkpoints submitted and not yet uploaded (or failed)."""
+        with self._starting:
+            return self.jobs.unfinished_tasks - self._stops
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """Block until every submitted upload has finished (or failed); False on timeout."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while self.jobs.unfinished_tasks:
+        while self.pending():
             if deadline is not None and time.monotonic() > deadline:
                 return False
             time.sleep(0.05)
         return True
 
     def close(self, timeout_s: float | None = None) -> bool:
+        """Wait up to ``timeout_s`` for the uploads, then let the thread end once none is left (a later submit
+        starts it again); False if some were still running."""
         done = self.wait(timeout_s)
-        if self._thread is not None:
-            self.jobs.put(None)
+        with self._starting:
+            if self._thread is not None:
+                self._stops += 1
+                self.jobs.put(None)
         return done
 
     # -- the thread --
     def _run(self) -> None:
         while True:
             job = self.jobs.get()
+            if job is None:
+                with self._starting:
+                    self._stops -= 1
+                    self.jobs.task_done()
+                    if self.jobs.empty():  # nothing submitted after close(): end (a later submit starts anew)
+                        self._thread = None
+                        return
+                continue
             try:
-                if job is None:
-                    return
                 self._upload(job)
                 self.completed.append(job.name)
             except Exception as error:  # noqa: BLE001 - a lost upload must not kill training

@@ -31,7 +31,7 @@ def test_a_second_user_gets_default_scratch_folders_of_their_own(monkeypatch):
     try:
         mine = _default_folders()
         for folder in mine:
-            folder.mkdir(parents=True)
+            folder.mkdir(parents=True, exist_ok=True)
     finally:
         os.umask(old)
 
@@ -43,8 +43,23 @@ def test_a_second_user_gets_default_scratch_folders_of_their_own(monkeypatch):
             folder.mkdir(parents=True, exist_ok=True)
             (folder / "shard.mds").write_bytes(b"x")
 
+    def refused_a_folder_made_for_it():
+        from llmfoundry.core.errors import ConfigError
+
+        try:
+            cache_root()
+        except ConfigError as error:
+            os._exit(7 if "LLMFOUNDRY_CACHE" in str(error) and "\n" not in str(error) else 1)
+
     try:
         assert all(str(folder).startswith(str(shared)) for folder in mine)
+        assert all(folder.stat().st_mode & 0o777 == 0o700 for folder in mine[1:])  # made private
         assert run_as_nobody(write_in_own_folders) == 0  # 3: the same folders; 13: PermissionError
+        # a folder of nobody's name that another user made (open to all) would hand nobody's cache to that user
+        planted = shared / f"llmfoundry-mds-cache-{65534}"
+        shutil.rmtree(planted)
+        planted.mkdir(mode=0o777)
+        os.chmod(planted, 0o777)
+        assert run_as_nobody(refused_a_folder_made_for_it) == 7
     finally:
         shutil.rmtree(shared, ignore_errors=True)

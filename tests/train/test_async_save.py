@@ -71,6 +71,30 @@ def test_async_save_to_s3_marks_checkpoints_complete_and_resumes(recipe, s3_serv
     assert all(torch.equal(expected[k], got[k]) for k in expected)
 
 
+@pytest.mark.s3
+def test_step_metrics_ask_the_writer_about_uploads_only_while_some_are_pending(recipe, s3_server, tmp_path,
+                                                                             monkeypatch):
+    """The writer process uploads; a step's upload metrics ask it only after a save handed it an upload (before, the
+    first step would wait for the writer to start), and the end of training waits for the uploads."""
+    from llmfoundry.train import async_save
+
+    asked, request = [], async_save.WriterProcess.request
+
+    def counting(self, message, fd=None):
+        if message.get("op") == "uploads":
+            asked.append((trainer.time.batch, message["close"]))
+        return request(self, message, fd)
+
+    monkeypatch.setattr(async_save.WriterProcess, "request", counting)
+    url = f"s3://{S3_TEST_BUCKET}/runs/asked"
+    trainer = make_trainer(recipe(eval_loader=None, max_duration="6ba", save_folder=url, save_interval="4ba",
+                                  save_async=True, checkpoint_upload={"staging_folder": str(tmp_path / "s")}))
+    trainer.fit()
+    assert asked and min(batch for batch, _ in asked) >= 4, asked  # nothing before the first save, at batch 4
+    assert asked[-1] == (6, True)  # the end of training waited for the uploads, then closed the uploader
+    assert uploads.RemoteCheckpoints(url).complete_checkpoints() == ["ep0-ba4", "ep0-ba6"]
+
+
 def test_the_optimizer_step_after_a_save_waits_for_the_copy_of_the_state():
     from llmfoundry.train.async_save import AsyncSaver
     from llmfoundry.train.checkpoint import take_snapshot

@@ -234,3 +234,40 @@ def test_markers_left_by_a_killed_upload_do_not_complete_a_new_save_early(s3_ser
     assert uploader.failed == ["ep0-ba2"]  # rank 1 never uploaded in this attempt: not complete
     assert "runs/killed/ep0-ba2/.complete" not in keys("runs/killed/")
     assert uploads.RemoteCheckpoints(url).latest() is None
+
+
+def test_uploads_submitted_after_the_uploads_were_waited_for_mid_run_are_uploaded(s3_server, tmp_path):
+    """A launcher's just-in-time save (Ray's preemption notice) waits for every upload and closes the uploader, and
+    training goes on: a checkpoint saved after that must still be uploaded (its thread starts again)."""
+    url = f"s3://{BUCKET}/runs/again"
+    uploader = uploads.Uploader(url, rank=0, timeout_s=30, initial_backoff_s=0.1, max_backoff_s=0.2)
+    for name in ("ep0-ba2", "ep0-ba4"):
+        staged = tmp_path / name
+        staged.mkdir()
+        (staged / ".metadata").write_bytes(b"m")
+        uploader.submit(uploads.UploadJob(name, staged, world_size=1, keep=-1, attempt=f"attempt{name[-1]}"))
+        assert uploader.close(timeout_s=30)  # waits, then lets its thread end
+    assert uploader.failed == [] and uploader.pending() == 0
+    assert uploads.RemoteCheckpoints(url).complete_checkpoints() == ["ep0-ba2", "ep0-ba4"]
+
+
+def test_a_just_in_time_save_is_complete_when_it_returns_and_later_saves_still_upload(recipe, s3_server, tmp_path):
+    """A launcher's preemption notice (Ray's) at a batch that is due for an interval save: save_now saves it and
+    waits for its upload, so it is complete before the node goes; training goes on, and later saves upload too."""
+    url = f"s3://{BUCKET}/runs/just-in-time"
+
+    class Notice(Callback):
+        complete = None
+
+        def on_batch_end(self, state, metrics):
+            if state.time.batch == 4:
+                state.save_now()
+                self.complete = uploads.RemoteCheckpoints(url).complete_checkpoints()
+
+    trainer = make_trainer(recipe(eval_loader=None, max_duration="6ba", save_folder=url, save_interval="2ba",
+                                  checkpoint_upload={"staging_folder": str(tmp_path / "staging")}))
+    notice = Notice()
+    trainer.callbacks.append(notice)
+    trainer.fit()
+    assert notice.complete == ["ep0-ba2", "ep0-ba4"]
+    assert uploads.RemoteCheckpoints(url).complete_checkpoints() == ["ep0-ba2", "ep0-ba4", "ep0-ba6"]
