@@ -192,8 +192,9 @@ class AsyncSaver:
         future = self._executor.submit(self._copy_later, {i: (offsets[i], tensors[i]) for i in sorted(later)})
         self._staging = future
         small = copy.deepcopy(live.small)
+        meshes: dict[int, tuple] = {}  # the snapshot's meshes, described once each (they are alive till then)
         self._pending = {"tree": tree, "small": small,
-                         "slots": {i: wire.describe(t, offsets[i]) for i, t in enumerate(tensors)}}
+                         "slots": {i: wire.describe(t, offsets[i], meshes) for i, t in enumerate(tensors)}}
         if optimizer is None:
             self.wait_for_copy()
         elif id(optimizer) not in self._hooked:

@@ -141,15 +141,17 @@ def layout(tensors: list[torch.Tensor]) -> list[int]:
     return offsets + [end]
 
 
-def describe(tensor: torch.Tensor, offset: int) -> tuple:
+def describe(tensor: torch.Tensor, offset: int, meshes: dict[int, tuple]) -> tuple:
     """What the writer needs to rebuild ``tensor`` from the region: offset, dtype, local shape and, for a DTensor,
-    its mesh (global ranks), placements and global shape and stride."""
+    its mesh (global ranks), placements and global shape and stride. ``meshes``: each mesh's ranks and names by the
+    mesh's id, filled as met (one snapshot's tensors share a few meshes; reading one's ranks costs ~0.3 ms)."""
     local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
     mesh = None
     if isinstance(tensor, DTensor):
         m = tensor.device_mesh
-        mesh = (m.mesh.tolist(), m.mesh_dim_names, tuple(tensor.placements), tuple(tensor.shape),
-                tuple(tensor.stride()))
+        if id(m) not in meshes:
+            meshes[id(m)] = (m.mesh.tolist(), m.mesh_dim_names)
+        mesh = (*meshes[id(m)], tuple(tensor.placements), tuple(tensor.shape), tuple(tensor.stride()))
     return offset, local.dtype, tuple(local.shape), mesh
 
 
