@@ -1,23 +1,32 @@
 """`llmfoundry plan`'s estimate: memory, communication, step time, MFU and time to max_duration of a recipe on a
 given number of GPUs, and the changes that make it fit or go faster (each checked by the same estimate).
 
-Memory per GPU (plan_memory.py measures the activations on fake tensors):
+Memory per GPU (plan_memory.py measures the activations on fake tensors, with the recipe's tensor-parallel plan
+applied on a fake process group):
   forward/backward: params + optimizer state + activations + gradients held (all of them, sharded, when
   microbatches accumulate: FSDP2 reduce-scatters after every microbatch, parallel.gradient_sync; otherwise those
-  made before the peak) + FSDP2's gathered blocks (the root and two blocks, with prefetch; a block's unsharded
-  gradients in backward; SHARD_GRAD_OP keeps every block gathered)
-  end of backward: params + optimizer state + every gradient + FSDP2's gathered blocks + what one block's backward
-  holds (its activations, recomputed with checkpointing)
-  a block's reduce-scatter (FSDP2): params + optimizer state + gradients held + gathered blocks + the block's
-  unsharded gradients as autograd made them (copied into the reduce-scatter's input): the peak when accumulating
+  made before the peak) + FSDP2's unsharded blocks (the root, a block and the next one's all-gather; SHARD_GRAD_OP
+  keeps every block gathered)
+  a block's reduce-scatter under FSDP2 (``Planner._fsdp_moments``): block 1's, with every later block's sharded
+  gradients, block 0 prefetched, the block's unsharded gradients and the reduce-scatter's input (the peak when
+  accumulating); block 0's, one block's sharded gradients more, nothing prefetched, its backward's activations
+  or the reduce-scatter's input and output
+  end of backward without FSDP2: params + optimizer state + every gradient + one block's backward (its
+  activations, recomputed with checkpointing)
   optimizer step: params + gradients + optimizer state + the step's temporaries
+Checked against torch's MemTracker / FSDPMemTracker around a real step (tests/train/test_plan.py): 1 rank; 2 FSDP2
+ranks, also accumulating; 2 TP ranks (ffn, block); an MoE model with its experts sharded by FSDP2 and split over
+2 ranks (expert parallelism). Expert parallelism is not run on fake tensors (the routing depends on the data):
+each rank keeps experts / moe_world_size of each MoE layer's experts, sharded over the edp ranks, and its
+all-to-all sends the routed rows of a balanced router.
 Activations per activation_checkpointing_mode: none, ``full`` and ``selective_op`` measured (uniform per block, so 1
 and 2 blocks extrapolate); ``selective_layer_N`` composed from the none and full runs (``_mixed``).
 Time per step (roofline): model FLOPs (``flops_per_token``) plus the recompute (``full``: the forward again, x4/3;
 ``selective_op``: what FlopCounterMode counts it adding per block on the fake runs, about 1/12 of a block's forward
 matmuls; ``selective_layer_N``: k/L of a forward for its k = L // N full blocks) at matmul_efficiency (by width) of the GPU's peak, or the HBM traffic, whichever is longer, plus the FSDP2 collectives that do
 not overlap (the first block's all-gather and the last reduce-scatter are exposed; the rest overlaps compute
-unless it takes longer). Each collective runs at its group's bus bandwidth: NVLink within a node; a group
+unless it takes longer), tensor parallelism's collectives as the fake runs counted them, expert parallelism's
+all-to-all. Each collective runs at its group's bus bandwidth: NVLink within a node; a group
 spanning nodes through all of each node's NICs (NCCL's one ring per NIC); HSDP's replica all-reduce through one.
 """
 
@@ -32,10 +41,10 @@ import torch
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.core.precision import DTYPES, low_dtype, weight_dtype
 from llmfoundry.core.timeunits import Time
-from llmfoundry.train import plan_memory
+from llmfoundry.train import layouts, plan_memory
 from llmfoundry.train.compat import device_batch_size
 from llmfoundry.train.plan_hardware import GPU, LINK_EFFICIENCY, matmul_efficiency
-from llmfoundry.train.settings import parse_checkpointing_mode
+from llmfoundry.train.settings import TPConfig, parse_checkpointing_mode
 
 
 @dataclass(frozen=True)
@@ -93,11 +102,20 @@ class Planner:
         self.tp = cfg.tp_config.tensor_parallel_degree if cfg.tp_config is not None else 1
         self.device_batch = device_batch_size(cfg.global_train_batch_size, self.world, cfg.tp_config)
         model = plan_memory.meta_model(cfg.model)
+        if self.tp > 1:  # the layout checks the trainer makes (parallel.py), the same one-line errors
+            layouts.check_tensor_parallel(model, cfg.tp_config, cfg.fsdp_config, self.world)
         blocks = model.blocks()
         self.n_params = sum(p.numel() for p in model.parameters())
         self.block_params = max((sum(p.numel() for p in b.parameters()) for b in blocks), default=0)
         self.root_params = self.n_params - sum(sum(p.numel() for p in b.parameters()) for b in blocks)
         self.layers = len(blocks)
+        # expert parallelism: the experts' share of a block, split over moe_world_size ranks (layouts.py)
+        ep_plan = layouts.expert_parallel_plan(model)
+        self.ep = ep_plan.degree if ep_plan is not None else 1
+        self.block_experts = max((sum(p.numel() for m in ep_plan.expert_modules(b) for p in m.parameters())
+                                  for b in blocks), default=0) if ep_plan is not None else 0
+        if self.ep > 1:
+            layouts.check_expert_parallel(self.ep, cfg.fsdp_config, self.world, self.tp > 1)
         self.flops_per_token = model.flops_per_token(cfg.max_seq_len)
         self.state_per_param = plan_memory.STATE_PER_PARAM.get(cfg.optimizer.name, 2)
         if getattr(cfg.optimizer.settings, "amsgrad", False):
@@ -106,11 +124,29 @@ class Planner:
 
     def _measure(self, micro: int, mode: str | None, dtype: torch.dtype):
         """The fake runs of 1 and 2 blocks, every block checkpointed by ``mode`` (None, full or selective_op)."""
-        key = (micro, mode, dtype)
+        key = (micro, mode, dtype) if self.tp == 1 else (micro, mode, dtype, self.tp, self.cfg.tp_config.strategy)
         if key not in self.measured:
             layers = (1, 2) if self.layers >= 2 else (self.layers,)
             self.measured[key] = [plan_memory.measure(self.cfg, micro, n, mode, dtype) for n in layers]
         return self.measured[key]
+
+    def _local_params(self, micro: int, mode: str | None, dtype: torch.dtype) -> tuple[float, float, float]:
+        """(the model's, one block's, the rest's) parameters on one TP rank, before FSDP2 shards them: the fake runs'
+        counts with the tensor-parallel plan applied (embeddings, head and what the plan leaves whole are
+        replicated); the meta model's without TP."""
+        if self.tp == 1:
+            return float(self.n_params), float(self.block_params), float(self.root_params)
+        runs = self._measure(micro, mode, dtype)
+        block = float(runs[1].params - runs[0].params) if len(runs) == 2 else self.block_params / self.tp
+        root = runs[0].params - block
+        return root + self.layers * block, block, root
+
+    def _comm_per_microbatch(self, micro: int, mode: str | None, dtype: torch.dtype) -> float:
+        """Bytes one rank moves in the tensor-parallel collectives of one microbatch's forward and backward, as the
+        fake runs counted them (extrapolated in blocks)."""
+        runs = self._measure(micro, mode, dtype)
+        return float(runs[0].comm + (self.layers - 1) * (runs[1].comm - runs[0].comm) if len(runs) == 2 else
+                     runs[0].comm)
 
     def _extrapolated(self, micro: int, mode: str | None, dtype: torch.dtype) -> tuple[float, float, float]:
         """(activations, gradients made before their peak, optimizer temporaries) of the whole model, one rank."""
@@ -152,6 +188,39 @@ class Planner:
         """What one block's backward holds (its activations without checkpointing: recomputed ones with it)."""
         runs = self._measure(micro, None, dtype)
         return float(runs[1].activations - runs[0].activations) if len(runs) == 2 else float(runs[0].activations)
+
+    def _fsdp_moments(self, choice: Choice, shard: int, block: float, root: float, pb: int, rb: int, wb: int,
+                      state: float, grads: float, held: float, accumulating: bool, block_acts: float
+                      ) -> tuple[float, float]:
+        """(what FSDP2 holds unsharded in forward/backward, the peak of the backward's reduce-scatters) in bytes.
+
+        A block's parts: with expert parallelism its experts (``experts / ep`` of them per rank) are sharded over
+        the edp ranks, the rest over the whole shard group. A part whose group has one rank (NO_SHARD, TP with one
+        data-parallel group, experts with edp = 1) runs no collective: it is still computed in unsharded copies,
+        but nothing is prefetched. Each block's backward ends in a reduce-scatter: its unsharded gradients (param
+        dtype) are copied into the input (reduce dtype, the whole block), then freed; the output is the block's
+        share. Two moments: block 1's copy (block 0 prefetched, every later block's sharded gradients made) and
+        block 0's (its own activations first; nothing left to prefetch)."""
+        fsdp = self.cfg.fsdp_config
+        experts = self.block_experts / self.ep
+        rest = block - self.block_experts  # before TP splits it: TP and EP do not combine (layouts.py)
+        unsharded = rest + experts
+        edp = max(1, shard // self.ep)
+        collective = (rest if shard > 1 else 0.0) + (experts if edp > 1 else 0.0)
+        sharded_block = rest / shard + experts / edp
+        if choice.strategy in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2") or fsdp.reshard_after_forward is False:
+            gathered, prefetch = (root + self.layers * unsharded) * pb, 0.0  # every block stays gathered
+        else:
+            gathered, prefetch = (root + unsharded) * pb, (collective * pb if self.layers > 1 else 0.0)
+        copying = unsharded * pb + unsharded * rb  # the unsharded gradients and the reduce-scatter's input
+        if accumulating:
+            held_1 = held_0 = grads  # every sharded gradient, from the earlier microbatches
+        else:
+            held_1 = max(held, grads - 2 * sharded_block * wb)
+            held_0 = max(held, grads - sharded_block * wb)
+        block_1 = state + held_1 + gathered + prefetch + copying
+        block_0 = state + held_0 + gathered + max(block_acts + unsharded * pb, unsharded * rb + sharded_block * rb)
+        return gathered + prefetch + unsharded * pb, max(block_1, block_0)
 
     def recompute_share(self, micro: int, mode: str | None, dtype: torch.dtype) -> float:
         """The FLOPs a checkpointing mode adds in recompute, as a share of the training FLOPs without it."""
@@ -202,42 +271,39 @@ class Planner:
         else:
             pdt = rdt = weight_dtype(cfg.precision)
         pb, rb = _bytes(pdt), _bytes(rdt)
-        n_local = self.n_params / self.tp
+        n_local, block, root = self._local_params(choice.micro, choice.checkpointing, pdt)
         params = n_local / shard * wb
         grads = params
         optimizer = self.state_per_param * params
         acts, grads_early, opt_temp = self._extrapolated(choice.micro, choice.checkpointing, pdt)
         other, _, _ = self._extrapolated(choice.micro, None if choice.checkpointing else "full", pdt)
-        opt_temp = opt_temp * wb / pb / self.tp / shard
+        opt_temp = opt_temp * wb / pb / shard  # the fake runs' figures are one TP rank's already
         accumulating = self.device_batch > choice.micro
         if accumulating:
             held = grads  # every (sharded) gradient, from the first microbatch's backward on (parallel.gradient_sync)
         else:
-            held = grads_early / self.tp / shard * wb / pb
-        gathered = 0.0
-        if sharded and shard > 1:
-            block = self.block_params / self.tp
-            if choice.strategy in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2") or fsdp.reshard_after_forward is False:
-                gathered = n_local * pb + block * rb
-            else:
-                gathered = (self.root_params / self.tp + 2 * block) * pb + block * rb
-        # the end of the backward: the first block's backward, with (almost) every gradient made
-        late = params + optimizer + max(grads, held) + gathered + self._block_activations(choice.micro, pdt)
-        # a block's reduce-scatter: autograd's unsharded gradients of the block are copied into the reduce-scatter's
-        # input (in gathered) and both live for a moment, beside the gradients held by then: with accumulation that
-        # is every sharded gradient, and this moment the peak (2 FSDP2 ranks: 293.4 MB measured, 280.8 without it)
-        copy_in = self.block_params / self.tp * pb if sharded and shard > 1 else 0.0
-        reducing = params + optimizer + held + gathered + copy_in
-        peak = max(params + optimizer + acts + held + gathered, late, reducing, params + optimizer + grads + opt_temp)
+            held = grads_early / shard * wb / pb
+        block_acts = self._block_activations(choice.micro, pdt)
+        if not sharded:
+            gathered = 0.0
+            # the end of the backward: the first block's backward, with (almost) every gradient made
+            late = params + optimizer + max(grads, held) + block_acts
+            peak = max(params + optimizer + acts + held, late, params + optimizer + grads + opt_temp)
+        else:
+            gathered, late = self._fsdp_moments(choice, shard, block, root, pb, rb, wb, params + optimizer, grads,
+                                                held, accumulating, block_acts)
+            peak = max(params + optimizer + acts + held + gathered, late, params + optimizer + grads + opt_temp)
         recompute = self.recompute_share(choice.micro, choice.checkpointing, pdt)
-        return self._timed(choice, shard, pb, rb, recompute, Estimate(
+        return self._timed(choice, shard, pdt, rb, recompute, Estimate(
             choice=choice, world=self.world, shard=shard, params=params, grads=grads, optimizer=optimizer,
             activations=acts, activations_other=other, grads_held=held, fsdp_gathered=gathered,
             optimizer_temp=opt_temp, peak=peak, memory=self.gpu.memory_bytes, comm_bytes={}, step_s=0.0,
             tok_per_s_gpu=0.0, mfu=0.0, steps=None, tokens_per_step=0))
 
-    def _timed(self, choice: Choice, shard: int, pb: int, rb: int, recompute: float, est: Estimate) -> Estimate:
-        cfg, gpu = self.cfg, self.gpu
+    def _timed(self, choice: Choice, shard: int, pdt: torch.dtype, rb: int, recompute: float,
+               est: Estimate) -> Estimate:
+        cfg, gpu, pb = self.cfg, self.gpu, _bytes(pdt)
+        n_local, _, _ = self._local_params(choice.micro, choice.checkpointing, pdt)
         micros = math.ceil(self.device_batch / choice.micro)
         tokens_gpu = self.device_batch * cfg.max_seq_len  # a TP group's ranks share their tokens
         flops = self.flops_per_token * tokens_gpu / self.tp
@@ -245,19 +311,22 @@ class Planner:
         compute_s = flops / (gpu.bf16_flops * matmul_efficiency(getattr(cfg.model.settings, "d_model", 4096)))
         # HBM: weights read in forward and twice in backward per microbatch, activations written and read, the
         # optimizer reading and writing parameters, gradients and state
-        hbm = micros * (3 * self.n_params / self.tp * pb + 2 * est.activations)
+        hbm = micros * (3 * n_local * pb + 2 * est.activations)
         hbm += 2 * (est.params + est.grads + est.optimizer)
         compute_s = max(compute_s, hbm / gpu.hbm_bytes_per_s)
         comm: dict[str, float] = {}
         seconds: list[float] = []  # each collective at its own group's bandwidth
-        n_local = self.n_params / self.tp
         if shard > 1:
-            frac = (shard - 1) / shard
+            # expert parallelism: FSDP2 shards the experts over the edp ranks only (shard / ep of them), each rank
+            # gathering its own experts; the rest of the model over every rank of the shard group
+            experts = self.layers * self.block_experts
+            edp = max(1, shard // self.ep)
+            gathered = (n_local - experts) * (shard - 1) / shard + experts / self.ep * (edp - 1) / edp
             regather = choice.strategy not in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2")
             # FSDP2 reshards after every backward, so even SHARD_GRAD_OP gathers again in each microbatch's forward
-            comm["fsdp all-gather (forward)"] = micros * n_local * pb * frac
-            comm["fsdp all-gather (backward)"] = micros * n_local * pb * frac if regather else 0.0
-            comm["fsdp reduce-scatter"] = micros * n_local * rb * frac  # after every microbatch (gradient_sync)
+            comm["fsdp all-gather (forward)"] = micros * gathered * pb
+            comm["fsdp all-gather (backward)"] = micros * gathered * pb if regather else 0.0
+            comm["fsdp reduce-scatter"] = micros * gathered * rb  # after every microbatch (gradient_sync)
             fsdp_bytes = sum(comm.values())
             seconds.append(fsdp_bytes / self._ring_bytes_per_s(shard * self.tp))  # a shard group: its dp ranks
             replicas = self.world // self.tp // shard
@@ -267,12 +336,22 @@ class Planner:
         elif self.world // self.tp > 1:
             comm["gradient all-reduce"] = 2 * n_local * rb * (self.world // self.tp - 1) / (self.world // self.tp)
             seconds.append(comm["gradient all-reduce"] / self._ring_bytes_per_s(self.world))
-        if self.tp > 1:  # two all-reduces (ffn) of the activations per block, forward and backward
-            act = choice.micro * cfg.max_seq_len * getattr(cfg.model.settings, "d_model", 0) * pb
-            comm["tensor-parallel all-reduce"] = micros * self.layers * 2 * 2 * act * 2 * (self.tp - 1) / self.tp
-            seconds.append(comm["tensor-parallel all-reduce"] / self._ring_bytes_per_s(self.tp))
-        comm_s = sum(seconds)
-        exposed = max(0.0, comm_s - compute_s) + comm_s / max(1, 2 * self.layers)
+        # tensor and expert parallelism's collectives sit between a block's matmuls, which wait for them: exposed
+        blocking = 0.0
+        if self.tp > 1:  # what the plan's DTensors ran in the fake runs (all-reduces; with block, gathers/scatters)
+            comm["tensor-parallel collectives"] = micros * self._comm_per_microbatch(choice.micro,
+                                                                                      choice.checkpointing, pdt)
+            blocking = comm["tensor-parallel collectives"] / self._ring_bytes_per_s(self.tp)
+        if self.ep > 1:  # each MoE layer sends its routed rows out and back, in forward and backward; the rows for
+            # other ranks' experts, (ep - 1) / ep of them with a balanced router (measured routing is data-dependent)
+            f = cfg.model.settings.ffn_config
+            act = _bytes(low_dtype(cfg.precision) or pdt)
+            rows = choice.micro * cfg.max_seq_len * f.moe_top_k
+            comm["expert-parallel all-to-all"] = (micros * self.layers * 4 * rows * cfg.model.settings.d_model * act
+                                                  * (self.ep - 1) / self.ep)
+            blocking += comm["expert-parallel all-to-all"] / self._ring_bytes_per_s(self.ep)
+        comm_s = sum(seconds)  # FSDP2's and data parallelism's, overlapping the blocks' compute
+        exposed = max(0.0, comm_s - compute_s) + comm_s / max(1, 2 * self.layers) + blocking
         opt_s = 2 * (est.params + est.grads + est.optimizer) / gpu.hbm_bytes_per_s
         step_s = compute_s + exposed + opt_s
         model_flops = self.flops_per_token * tokens_gpu / self.tp
@@ -337,10 +416,31 @@ def checkpointing_candidates(planner: Planner, c: Choice) -> list[tuple[str, Cho
     return out
 
 
-def proposals(planner: Planner, base: Estimate, candidates: list[tuple[str, Choice]] | None = None
-              ) -> list[tuple[str, Estimate]]:
+def tensor_parallel_candidates(planner: Planner, c: Choice, fits: bool) -> list[tuple[str, Choice, Planner]]:
+    """Half and twice the recipe's TP degree (twice: within a node; without tp_config, 2 only when the recipe does
+    not fit), each a Planner of its own sharing the fake runs: a degree the model or the layout cannot take (heads,
+    FFN width, world size, fsdp_config) is left out, as the trainer would refuse it."""
+    cfg = planner.cfg
+    tp = cfg.tp_config if cfg.tp_config is not None else TPConfig()
+    degree = tp.tensor_parallel_degree
+    options = [degree // 2] if degree > 1 else []
+    if (degree > 1 or not fits) and degree * 2 <= planner.gpus_per_node and planner.world % (degree * 2) == 0:
+        options.append(degree * 2)
+    out = []
+    for new in options:
+        changed = dataclasses.replace(cfg, tp_config=dataclasses.replace(tp, tensor_parallel_degree=new))
+        try:
+            other = Planner(changed, planner.nodes, planner.gpus_per_node, planner.gpu, planner.measured)
+        except ConfigError:
+            continue
+        out.append((f"tp_config.tensor_parallel_degree={new}", c, other))
+    return out
+
+
+def proposals(planner: Planner, base: Estimate, candidates: list | None = None) -> list[tuple[str, Estimate]]:
     """Changes that make the recipe fit, or run faster while fitting; each is a full estimate. ``candidates``: the
-    changes to check (the override that makes each, its choice); by default every kind plan knows, below."""
+    changes to check (the override that makes each, its choice, optionally the Planner of a changed recipe); by
+    default every kind plan knows, below."""
     if candidates is not None:
         return _checked(planner, base, candidates)
     c = base.choice
@@ -353,15 +453,16 @@ def proposals(planner: Planner, base: Estimate, candidates: list[tuple[str, Choi
     elif c.strategy == "FULL_SHARD" and planner.world > planner.gpus_per_node:
         candidates.append(("fsdp_config.sharding_strategy=HYBRID_SHARD",
                            dataclasses.replace(c, strategy="HYBRID_SHARD")))
+    candidates += tensor_parallel_candidates(planner, c, base.fits)
     return _checked(planner, base, candidates)
 
 
-def _checked(planner: Planner, base: Estimate, candidates: list[tuple[str, Choice]]) -> list[tuple[str, Estimate]]:
+def _checked(planner: Planner, base: Estimate, candidates: list) -> list[tuple[str, Estimate]]:
     """The candidates that make the recipe fit, or keep it fitting and are faster, fastest first."""
     out: list[tuple[str, Estimate]] = []
-    for change, choice in candidates:
+    for change, choice, *other in candidates:
         try:
-            est = planner.estimate(choice)
+            est = (other[0] if other else planner).estimate(choice)
         except ConfigError:
             continue
         if (not base.fits and est.fits) or (est.fits and est.step_s < base.step_s * 0.98):

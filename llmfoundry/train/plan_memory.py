@@ -16,6 +16,12 @@ train/activation_ckpt.py, run as the trainer runs it) are measured so; ``selecti
 uncheckpointed blocks, and train/plan.py composes it from those two measurements. The optimizer step's temporaries
 (foreach kernels) are measured the same way, and the FLOPs of the step (torch's FlopCounterMode: a checkpointing
 mode's recompute is what it adds to the uncheckpointed run's).
+
+With tensor parallelism (``tp_config``) the fake run applies the model's own plan (models/mpt/tensor_parallel.py,
+as train/parallel.py does) on a fake process group of ``tensor_parallel_degree`` ranks (torch's ``fake`` backend:
+collectives return at once, nothing leaves the process), as its rank 0: the parameters, activations and
+temporaries measured are one TP rank's, and the collectives the plan's DTensors run are counted
+(``CollectiveBytes``: the bytes each rank moves through a ring, recompute included).
 """
 
 from __future__ import annotations
@@ -25,13 +31,18 @@ import dataclasses
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as torch_dist
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.testing._internal.distributed.fake_pg import FakeStore  # also registers torch's "fake" backend
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from llmfoundry.core import precision as prec
 from llmfoundry.core.errors import ConfigError, first_line
-from llmfoundry.models.interface import label_offset
+from llmfoundry.models.interface import hooks_of, label_offset
 from llmfoundry.models.loss import TokenLoss
 from llmfoundry.train import parallel
 from llmfoundry.train.activation_ckpt import checkpoint_modules
@@ -52,8 +63,9 @@ class Measured:
     grads_at_peak: int  # gradients already made at that moment (the head's, mostly)
     optimizer_temp: int  # an optimizer step's own temporaries, above parameters, gradients and state
     saved: int  # the peak of the saved activations alone (MemTracker's Activation: at the start of the backward)
-    params: int  # elements
+    params: int  # elements on this rank (a TP rank's shards of the split ones)
     flops: int  # of the forward and backward (with its recompute), FlopCounterMode's count
+    comm: int = 0  # bytes one rank moves in the forward and backward's collectives (CollectiveBytes)
 
 
 def shrunk(model: Component, layers: int) -> Component:
@@ -109,17 +121,96 @@ def _snapshot(tracker: MemTracker, kind: str) -> dict[str, int]:
     return _by_name(next(iter(snapshots.values()))) if snapshots else {}
 
 
+class CollectiveBytes(TorchDispatchMode):
+    """The bytes one rank sends through a ring in the functional collectives run under it (DTensor's
+    redistributions), each at its group's size n: all-gather (n - 1) x its input, reduce-scatter (n - 1) / n of its
+    input, all-reduce twice that, all-to-all (n - 1) / n of its input (the rows for other ranks, evenly split)."""
+
+    SHARE = {"all_gather_into_tensor": lambda n: n - 1, "reduce_scatter_tensor": lambda n: (n - 1) / n,
+             "all_reduce": lambda n: 2 * (n - 1) / n, "all_to_all_single": lambda n: (n - 1) / n}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bytes = 0.0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        namespace, _, name = func._schema.name.partition("::")
+        if namespace == "_c10d_functional" and name in self.SHARE:
+            group = torch_dist.distributed_c10d._resolve_process_group(args[-1])
+            tensor = args[0]
+            self.bytes += tensor.numel() * tensor.element_size() * self.SHARE[name](group.size())
+        return func(*args, **(kwargs or {}))
+
+
+class GroupedMatmulAnyDtype(TorchDispatchMode):
+    """torch's fake (meta) ``_grouped_mm`` takes bf16 only (CUDA's rule), while the CPU kernel that MoE experts run
+    (models/layers/moe.py) also takes fp32 and fp16: such a call's output, allocated as the kernel allocates it."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not torch.ops.aten._grouped_mm.default or args[0].dtype == torch.bfloat16:
+            return func(*args, **kwargs)
+        a, b = args[0], args[1]
+        offsets = args[2] if len(args) > 2 else kwargs.get("offs")
+        if a.dim() == 2 and b.dim() == 2:  # (M, a) x (a... grouped by offsets) -> one matrix per group
+            shape = (offsets.shape[0], a.shape[0], b.shape[1])
+        elif a.dim() == 2:  # rows grouped by expert x (E, a, b)
+            shape = (a.shape[0], b.shape[-1])
+        elif b.dim() == 2:
+            shape = (a.shape[1], b.shape[1])
+        else:  # batched
+            shape = (a.shape[0], a.shape[1], b.shape[-1])
+        return torch.empty(shape, dtype=kwargs.get("out_dtype") or a.dtype, device=a.device)
+
+
+@contextlib.contextmanager
+def tensor_parallel_ranks(degree: int):
+    """A fake process group of ``degree`` ranks (this process is rank 0) and its 1-D mesh, for the fake run's
+    tensor-parallel plan; torch's ``fake`` backend runs no communication."""
+    if torch_dist.is_initialized():
+        raise ConfigError("tp_config: plan measures tensor parallelism on a fake process group of its own; run it "
+                          "outside a distributed job")
+    torch_dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=degree)
+    try:
+        yield init_device_mesh("cpu", (degree,), mesh_dim_names=("tp",))
+    finally:
+        torch_dist.destroy_process_group()
+
+
+def local_numel(param: torch.Tensor) -> int:
+    return param.to_local().numel() if isinstance(param, DTensor) else param.numel()
+
+
 def measure(cfg, micro: int, layers: int, mode: str | None, param_dtype: torch.dtype, fake: bool = True) -> Measured:
     """One training step of one fake microbatch (``micro`` x max_seq_len) for the recipe's model with ``layers``
     blocks, the second one (the optimizer state exists), tracked by torch's MemTracker
     (torch.distributed._tools.mem_tracker: the categories of the peak); ``mode``: the
     activation_checkpointing_mode applied to every block (None: no checkpointing); ``param_dtype``: the dtype
-    FSDP2 computes in (the sharded weights' own dtype without FSDP2's mixed precision)."""
+    FSDP2 computes in (the sharded weights' own dtype without FSDP2's mixed precision). With ``cfg.tp_config``
+    (degree > 1) the blocks are split by the model's tensor-parallel plan, on a fake process group."""
+    tp = cfg.tp_config if cfg.tp_config is not None and cfg.tp_config.tensor_parallel_degree > 1 else None
+    if tp is None:
+        return _measure(cfg, micro, layers, mode, param_dtype, fake, None)
+    with tensor_parallel_ranks(tp.tensor_parallel_degree) as mesh:
+        return _measure(cfg, micro, layers, mode, param_dtype, fake, (tp, mesh))
+
+
+def _measure(cfg, micro: int, layers: int, mode: str | None, param_dtype: torch.dtype, fake: bool,
+             tensor_parallel) -> Measured:
     device = torch.device("cpu")
     with torch.device("meta"):
         model = build_model(shrunk(cfg.model, layers), None).to(param_dtype)
     if mode is not None:  # the trainer's own code (parallel.py); non-reentrant, which every mode can use
         checkpoint_modules(parallel.checkpoint_targets(model, model.blocks()), mode, reentrant=False)
+    if tensor_parallel is not None:  # after checkpointing, as parallel.py applies them
+        tp, mesh = tensor_parallel
+        plan = hooks_of(model).tensor_parallel
+        if plan is None:
+            raise ConfigError(f"tp_config: {type(model).__name__} declares no tensor-parallel plan")
+        plan.check(tp.tensor_parallel_degree, tp.strategy)
+        plan.prepare_model(model, tp.tensor_parallel_degree, tp.strategy)
+        for block in model.blocks():
+            plan.parallelize_block(block, mesh, tp.strategy)
     loss_fn = TokenLoss(label_offset(model))
 
     def forward_backward() -> None:
@@ -128,7 +219,8 @@ def measure(cfg, micro: int, layers: int, mode: str | None, param_dtype: torch.d
         loss_fn(output.logits, ids, reduction="sum").backward()
 
     try:
-        with FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext():
+        with (FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext(),
+              GroupedMatmulAnyDtype() if fake else contextlib.nullcontext()):  # below the trackers entered next
             parallel.materialize(model, device, 0)
             optimizer = build_optimizer(cfg.optimizer, model)
             ids = torch.zeros((micro, cfg.max_seq_len), dtype=torch.long)
@@ -136,9 +228,9 @@ def measure(cfg, micro: int, layers: int, mode: str | None, param_dtype: torch.d
                 forward_backward()  # the first step makes the optimizer state
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            tracker = ActivationPeak()
+            tracker, collectives = ActivationPeak(), CollectiveBytes()
             tracker.track_external(model, optimizer)
-            with tracker:
+            with tracker, collectives:
                 forward_backward()
             stepper = MemTracker()
             stepper.track_external(model, optimizer)
@@ -153,4 +245,5 @@ def measure(cfg, micro: int, layers: int, mode: str | None, param_dtype: torch.d
     activations, grads_at_peak = tracker.activation_peak
     return Measured(layers=layers, activations=activations, grads_at_peak=grads_at_peak,
                     optimizer_temp=max(0, optimizer_temp), saved=tracker.saved_peak,
-                    params=sum(p.numel() for p in model.parameters()), flops=counter.get_total_flops())
+                    params=sum(local_numel(p) for p in model.parameters()), flops=counter.get_total_flops(),
+                    comm=round(collectives.bytes))

@@ -61,6 +61,33 @@ def test_fake_tensors_measure_what_real_tensors_hold():
         assert fake == real
 
 
+@pytest.mark.parametrize("strategy, activations", [("ffn", 2), ("block", 5)])
+def test_the_fake_run_counts_what_the_tensor_parallel_plan_sends(strategy, activations):
+    """One block on a fake process group of 2 TP ranks, fp32, one microbatch of B x T x d = 2 x 64 x 64 (an
+    activation: 32 KiB). ffn: the FFN output's all-reduce in forward and its input gradient's in backward, each
+    sending 2 (n - 1) / n of it: 2 activations. block (sequence parallel): 6 all-gathers each send the other rank's
+    half (the attention's and the FFN's input and the block's output in forward; in backward the gradients of
+    out_proj's and down_proj's outputs and of the block's input): 3; 4 reduce-scatters half of a whole activation
+    (out_proj, down_proj in forward; the attention's and the FFN's input gradients in backward): 2. A second block
+    sends as much again."""
+    from llmfoundry.train import plan_memory
+
+    recipe = {"max_seq_len": 64, "tokenizer": {"name": "gpt2"},
+              "model": {"name": "mpt_causal_lm", "d_model": 64, "n_heads": 2, "n_layers": 2, "expansion_ratio": 4,
+                        "max_seq_len": 64, "vocab_size": 512,
+                        "attn_config": {"attn_impl": "sdpa", "fused_qkv": False}},
+              "train_loader": {"name": "text", "dataset": {"local": "unused", "split": "train", "max_seq_len": 64}},
+              "optimizer": {"name": "decoupled_adamw", "lr": 1e-3}, "max_duration": "2ba",
+              "global_train_batch_size": 2, "device_train_microbatch_size": 2, "precision": "fp32",
+              "tp_config": {"tensor_parallel_degree": 2, "strategy": strategy}}
+    cfg = validate(recipe, TrainConfig)
+    one, two = (plan_memory.measure(cfg, 2, n, None, torch.float32) for n in (1, 2))
+    activation = 2 * 64 * 64 * 4
+    assert one.comm == activations * activation
+    assert two.comm == 2 * one.comm
+    assert not torch.distributed.is_initialized()  # the fake process group is gone
+
+
 # ------------------------------------------------------------------ the estimate against a real step's MemTracker
 SHAPES = {"tiny": {}, "125m": {"d_model": 768, "n_heads": 12, "n_layers": 12, "expansion_ratio": 4},
           "768x3": {"d_model": 768, "n_heads": 12, "n_layers": 3, "expansion_ratio": 4}}
@@ -189,17 +216,49 @@ def test_predicted_memory_of_two_fsdp_ranks_is_within_10_percent_of_a_real_step(
 
     recipe = memory_recipe(mds_root, tokenizer_dir, tmp_path, "768x3", "full", 2)
     worker = Path(__file__).with_name("_plan_worker.py")
-    # one job, two runs: one microbatch per batch, then two of the same size (a device batch of 4; the same fake runs)
+    # one job, four runs: one microbatch per batch, then two of the same size (a device batch of 4; the same fake
+    # runs), then the two ranks as one tensor-parallel group, with each strategy (the fake runs apply the same plan
+    # on a fake process group)
     accumulating = ["global_train_batch_size=8", "callbacks.record_memory.name=accumulating"]
-    run_job(recipe, tmp_path, "memory", nproc=2, overrides=["--then", *accumulating],
-            entry=[*forked_ranks_args(2), str(worker)])
-    for name, est in (("memory", predicted(recipe, 2, fake_runs)),
-                      ("accumulating", predicted({**recipe, "global_train_batch_size": 8}, 2, fake_runs))):
+    tensor_parallel = {strategy: tensor_parallel_recipe(recipe, strategy) for strategy in ("ffn", "block")}
+    parts = ["--then", *accumulating]
+    for strategy, tp_recipe in tensor_parallel.items():
+        parts += ["--then", "global_train_batch_size=2", "tp_config.tensor_parallel_degree=2",
+                  f"tp_config.strategy={strategy}", "model.attn_config.alibi=false",
+                  "model.attn_config.fused_qkv=false", f"callbacks.record_memory.name=tp-{strategy}"]
+    for ep in (1, 2):  # an MoE model, its experts sharded by FSDP2 alone, then split over the two ranks
+        parts += ["--then", *(f"model.ffn_config.{key}={value}" for key, value in moe_ffn(ep).items()),
+                  f"callbacks.record_memory.name=moe-ep{ep}"]
+    run_job(recipe, tmp_path, "memory", nproc=2, overrides=parts, entry=[*forked_ranks_args(2), str(worker)])
+    cases = [("memory", predicted(recipe, 2, fake_runs)),
+             ("accumulating", predicted({**recipe, "global_train_batch_size": 8}, 2, fake_runs))]
+    cases += [(f"tp-{strategy}", predicted(tp_recipe, 2, fake_runs)) for strategy, tp_recipe in tensor_parallel.items()]
+    moe_runs: dict = {}  # another model: its own fake runs, shared by both layouts
+    cases += [(f"moe-ep{ep}", predicted({**recipe, "model": {**recipe["model"], "ffn_config": moe_ffn(ep)}}, 2,
+                                        moe_runs)) for ep in (1, 2)]
+    for name, est in cases:
         assert (est.grads_held == est.grads) == (name == "accumulating")  # accumulating: every sharded gradient
         for rank in (0, 1):
             print(f"{name}, rank {rank}:")
             measured = json.loads((tmp_path / f"{name}-rank{rank}.json").read_text())
-            assert_within_10_percent(compare(est, measured, sharded=True))
+            assert_within_10_percent(compare(est, measured, sharded="Sharded Param" in measured["step"]))
+    # the split is real: a TP rank holds less than the whole model, attention too with block
+    whole = cases[0][1].params * 2  # FULL_SHARD over the two ranks
+    assert cases[3][1].params < cases[2][1].params < 0.75 * whole, [c[1].params for c in cases]
+
+
+def moe_ffn(ep: int) -> dict:
+    """A dropless MoE FFN of 4 experts (top 2, each 768 wide), split over ``ep`` ranks."""
+    return {"ffn_type": "mb_dmoe", "ffn_hidden_size": 768, "moe_num_experts": 4, "moe_top_k": 2,
+            "moe_world_size": ep}
+
+
+def tensor_parallel_recipe(recipe: dict, strategy: str) -> dict:
+    """``recipe`` on two ranks as one tensor-parallel group of ``strategy`` (block splits q/k/v by head: unfused,
+    and no ALiBi), one microbatch of 2 samples."""
+    model = {**recipe["model"], "attn_config": {**recipe["model"]["attn_config"], "alibi": False, "fused_qkv": False}}
+    return {**recipe, "model": model, "global_train_batch_size": 2,
+            "tp_config": {"tensor_parallel_degree": 2, "strategy": strategy}}
 
 
 def test_the_start_of_the_backward_bounds_a_peak_that_every_block_has_passed(mds_root, tokenizer_dir, tmp_path):
@@ -217,3 +276,50 @@ def test_the_start_of_the_backward_bounds_a_peak_that_every_block_has_passed(mds
                      params=0, flops=0) for n in (1, 2)]
     planner = Planner(validate(recipe, TrainConfig), 1, 1, GPUS["h100"], {(2, None, torch.float32): runs})
     assert planner._extrapolated(2, None, torch.float32)[0] == 2**20 + 24 * block
+
+
+def test_float8_is_planned_as_bf16_and_the_table_says_so(mds_root, tokenizer_dir, tmp_path):
+    """amp_fp8's float8 matmuls are not modelled: its estimate is amp_bf16's, and the report says so in one line
+    with the H200's measured ratios."""
+    from llmfoundry.train.plan import Planner, recipe_choice
+    from llmfoundry.train.plan_hardware import GPUS
+    from llmfoundry.train.plan_report import FLOAT8_NOTE, report
+
+    recipes = {p: {**memory_recipe(mds_root, tokenizer_dir, tmp_path, "tiny", "full", 8), "precision": p}
+               for p in ("amp_bf16", "amp_fp8")}
+    cfgs = {p: validate(r, TrainConfig) for p, r in recipes.items()}
+    peaks = {p: Planner(cfg, 1, 8, GPUS["h100"]).estimate(recipe_choice(cfg)).peak for p, cfg in cfgs.items()}
+    assert peaks["amp_fp8"] == peaks["amp_bf16"]
+    lines = report(cfgs["amp_fp8"], "tiny.yaml", 1, 8, "h100", propose=False).splitlines()
+    assert f"  note: {FLOAT8_NOTE}" in lines
+    assert FLOAT8_NOTE not in report(cfgs["amp_bf16"], "tiny.yaml", 1, 8, "h100", propose=False)
+
+
+def test_a_recipe_that_does_not_fit_is_offered_tensor_parallelism(mds_root, tokenizer_dir, tmp_path, fake_runs):
+    """On a GPU too small for the tiny recipe on 8 ranks, TP of degree 2 (the ffn plan, measured on a fake process
+    group: each rank keeps half of the FFN's activations and weights) fits, and is proposed as the override that
+    sets it; a degree the model cannot take is not offered (with block, 4 does not divide a 2-head model's heads:
+    only 1 is)."""
+    import dataclasses
+
+    from llmfoundry.train.plan import Planner, proposals, recipe_choice, tensor_parallel_candidates
+    from llmfoundry.train.plan_hardware import GPUS
+
+    recipe = memory_recipe(mds_root, tokenizer_dir, tmp_path, "tiny", None, 8)
+    recipe["global_train_batch_size"] = 32  # 4 samples per rank: 2 microbatches, or one per TP group of 2
+    cfg = validate(recipe, TrainConfig)
+    shape = (cfg.model.settings.d_model, cfg.model.settings.vocab_size)
+    planner = Planner(cfg, 1, 8, GPUS["h100"], fake_runs.setdefault(shape, {}))
+    base = planner.estimate(recipe_choice(cfg))
+    ((change, choice, tp2),) = tensor_parallel_candidates(planner, base.choice, fits=False)
+    assert change == "tp_config.tensor_parallel_degree=2"
+    split = tp2.estimate(choice)
+    assert split.peak < base.peak and split.activations < base.activations
+    small = dataclasses.replace(GPUS["h100"], memory_bytes=(base.peak + split.peak) / 2 / 0.95)
+    planner.gpu = tp2.gpu = small
+    base = planner.estimate(recipe_choice(cfg))
+    assert not base.fits
+    assert change in dict(proposals(planner, base, [(change, choice, tp2)]))
+    block = validate({**tensor_parallel_recipe(recipe, "block"), "global_train_batch_size": 32}, TrainConfig)
+    offered = tensor_parallel_candidates(Planner(block, 1, 8, small, {}), choice, fits=False)
+    assert [change for change, *_ in offered] == ["tp_config.tensor_parallel_degree=1"]
