@@ -3,6 +3,8 @@
 Down means what an outage looks like to a client: connections are refused and open ones are cut. The store behind
 keeps its objects, so what was uploaded before the outage is still there afterwards. ``delay_s`` sleeps before
 forwarding each chunk a client sends, which turns a 100 kB upload into a window of seconds (to stop a run inside it).
+``hold()`` makes it a store that stops answering: connections stay open and are accepted, what clients send is
+read and dropped, and nothing comes back (each request waits for its client's read timeout); ``release()`` ends it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ class TcpProxy:
     def __init__(self, target_host: str, target_port: int, delay_s: float = 0.0):
         self.target = (target_host, target_port)
         self.delay_s = delay_s
+        self.held = threading.Event()
         self._listener: socket.socket | None = None
         self._connections: set[socket.socket] = set()
         self._lock = threading.Lock()
@@ -36,6 +39,12 @@ class TcpProxy:
         self._listener = listener
         threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
         return self
+
+    def hold(self) -> None:
+        self.held.set()
+
+    def release(self) -> None:
+        self.held.clear()
 
     def down(self) -> None:
         listener, self._listener = self._listener, None
@@ -71,7 +80,8 @@ class TcpProxy:
             while chunk := source.recv(16384):
                 if delay_s:
                     time.sleep(delay_s)
-                sink.sendall(chunk)
+                if not self.held.is_set():
+                    sink.sendall(chunk)
         except OSError:
             pass
         finally:

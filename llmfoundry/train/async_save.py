@@ -41,6 +41,10 @@ from llmfoundry.train.checkpoint import Snapshot
 log = logging.getLogger(__name__)
 TokenizerFiles = wire.TokenizerFiles
 STOP_TIMEOUT_S = 60.0  # the writer answers "stop" between writes at once; this only bounds a wedged one
+# A writer stopped with uploads still pending after wait_at_end_s: its interpreter's exit would wait for the
+# object-store client's threads (a request to a store that stopped answering lasts up to its read timeout, per
+# attempt). Their checkpoints are incomplete whatever happens, and never "latest": cut them off after this.
+CUT_OFF_S = 5.0
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
@@ -94,23 +98,32 @@ class WriterProcess:
                     socket.send_fds(self.sock, [b"R"], [fd])
                 return wire.receive_message(self.sock)
             except (EOFError, OSError):
-                code = self.process.wait()
+                code = _reap(self.process, STOP_TIMEOUT_S)
                 return ("error", f"the checkpoint writer process exited (code {code})", None, None)
 
-    def stop(self) -> None:
-        self._finalizer()
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Ask the writer to stop and reap it, killed if it has not exited within ``timeout_s``."""
+        found = self._finalizer.detach()
+        if found is not None:
+            _, _, args, _ = found
+            _stop(*args, timeout_s=timeout_s)
 
 
-def _stop(process: subprocess.Popen, sock: socket.socket) -> None:
+def _reap(process: subprocess.Popen, timeout_s: float) -> int:
+    """The process's exit code, once it exits or is killed after ``timeout_s``."""
+    try:
+        return process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.wait()
+
+
+def _stop(process: subprocess.Popen, sock: socket.socket, timeout_s: float = STOP_TIMEOUT_S) -> None:
     try:
         wire.send_message(sock, {"op": "stop"})
     except OSError:
         pass  # already gone
-    try:
-        process.wait(STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+    _reap(process, timeout_s)
     sock.close()
 
 
@@ -282,12 +295,12 @@ class AsyncSaver:
             self._shut_down()
             raise error
 
-    def _shut_down(self) -> None:
+    def _shut_down(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
         if self.writer is not None:
-            self.writer.stop()
+            self.writer.stop(timeout_s)
             self.writer = None
         self._area.close()
 
@@ -324,5 +337,6 @@ class AsyncSaver:
         try:
             self.wait()
             self.upload_status(wait_s=upload_timeout_s, close=True)
-        finally:
-            self._shut_down()
+        finally:  # uploads still pending past their wait are cut off (CUT_OFF_S), not waited for again
+            cut_off = upload_timeout_s is not None and self.uploads["pending"] > 0
+            self._shut_down(CUT_OFF_S if cut_off else STOP_TIMEOUT_S)

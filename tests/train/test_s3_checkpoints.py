@@ -186,6 +186,53 @@ def test_an_outage_longer_than_the_upload_budget_is_a_one_line_error_and_the_run
         assert torch.equal(expected[key], got[key]), key
 
 
+class Wedge(Callback):
+    """Makes the store stop answering (``TcpProxy.hold``) at the end of batch ``after_batch``, once every earlier
+    upload is done; ``at``: when."""
+
+    def __init__(self, proxy, after_batch: int, uploads):
+        self.proxy, self.after_batch, self.uploads, self.at = proxy, after_batch, uploads, None
+
+    def on_batch_end(self, state, metrics):
+        if state.time.batch == self.after_batch:
+            assert self.uploads.wait(60)
+            self.proxy.hold()
+            self.at = time.monotonic()
+
+
+def test_save_async_uploads_still_pending_after_wait_at_end_s_are_cut_off(recipe, s3_server, moto_s3, tmp_path,
+                                                                        monkeypatch):
+    """A store that stops answering mid-run (connections accepted, nothing answered: each request waits for the
+    client's 60 s read timeout, per attempt). save_async's writer uploads ep0-ba4; training ends; after
+    checkpoint_upload.wait_at_end_s (1 s) the writer is stopped and, its uploads still pending, killed after
+    async_save.CUT_OFF_S: fit ends with the one-line upload error well within a minute of the wedge. Before, the
+    writer's exit waited for the object-store client's threads (up to STOP_TIMEOUT_S, 60 s, more). ep0-ba2 stays
+    the latest checkpoint."""
+    from llmfoundry.train.async_save import CUT_OFF_S
+    from llmfoundry.train.errors import TrainingStopped
+    from tests.tcp_proxy import TcpProxy
+
+    proxy = TcpProxy("127.0.0.1", moto_s3.port).up()
+    for name in ("S3_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.setenv(name, proxy.url)
+    url = f"s3://{BUCKET}/runs/wedged"
+    trainer = make_trainer(recipe(eval_loader=None, scheduler=None, max_duration="4ba", save_folder=url,
+                                  save_interval="2ba", save_async=True, checkpoint_upload={
+                                      "staging_folder": str(tmp_path / "staging"), "wait_at_end_s": 1}))
+    wedge = Wedge(proxy, after_batch=3, uploads=WriterUploads(trainer.checkpointer))
+    trainer.callbacks.append(wedge)
+    try:
+        with pytest.raises(TrainingStopped) as caught:
+            trainer.fit()
+        ended_after = time.monotonic() - wedge.at
+    finally:
+        proxy.release()
+        proxy.down()
+    assert "\n" not in str(caught.value) and "did not complete (1 still uploading" in str(caught.value)
+    assert ended_after < 1 + CUT_OFF_S + 20, ended_after  # the last batch, the write, the wait, the cut-off
+    assert uploads.RemoteCheckpoints(url).read_text("latest").strip() == "ep0-ba2"
+
+
 def test_an_incomplete_s3_checkpoint_is_never_latest(recipe, s3_server, tmp_path):
     url = f"s3://{BUCKET}/runs/partial"
     make_trainer(recipe(eval_loader=None, max_duration="2ba", save_folder=url, save_interval="2ba",
