@@ -5,8 +5,8 @@ Memory per GPU (plan_memory.py measures the activations on fake tensors, with th
 applied on a fake process group):
   forward/backward: params + optimizer state + activations + gradients held (all of them, sharded, when
   microbatches accumulate: FSDP2 reduce-scatters after every microbatch, parallel.gradient_sync; otherwise those
-  made before the peak) + FSDP2's unsharded blocks (the root, a block and the next one's all-gather; SHARD_GRAD_OP
-  keeps every block gathered)
+  made before the peak) + FSDP2's unsharded blocks (the root, a block, its unsharded gradients and the next
+  block's all-gather; SHARD_GRAD_OP keeps every block gathered)
   a block's reduce-scatter under FSDP2 (``Planner._fsdp_moments``): block 1's, with every later block's sharded
   gradients, block 0 prefetched, the block's unsharded gradients and the reduce-scatter's input (the peak when
   accumulating); block 0's, one block's sharded gradients more, nothing prefetched, its backward's activations
@@ -44,7 +44,7 @@ from llmfoundry.core.timeunits import Time
 from llmfoundry.train import layouts, plan_memory
 from llmfoundry.train.compat import device_batch_size
 from llmfoundry.train.plan_hardware import GPU, LINK_EFFICIENCY, matmul_efficiency
-from llmfoundry.train.settings import TPConfig, parse_checkpointing_mode
+from llmfoundry.train.settings import parse_checkpointing_mode
 
 
 @dataclass(frozen=True)
@@ -90,13 +90,20 @@ def _bytes(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
+def _uniform(mode: str | None) -> str | None:
+    """A mode the fake runs measure as it is (uniform per block); selective_layer_N is composed of None and full
+    runs, so its parameter counts are read from the None ones."""
+    return None if mode is not None and parse_checkpointing_mode(mode)[0] == "selective_layer" else mode
+
+
 class Planner:
     """The recipe's model, measured once per (microbatch, checkpointing mode, parameter dtype); estimates per
     choice."""
 
     def __init__(self, cfg, nodes: int, gpus_per_node: int, gpu: GPU, measured: dict | None = None):
         """``measured``: another Planner's ``measured`` for the same model, max_seq_len, precision and optimizer
-        (only the batch sizes, world or activation_checkpointing differ), so that its fake runs are not repeated."""
+        (the batch sizes, world, activation_checkpointing or TP degree may differ: the fake runs are keyed by what
+        they depend on), so that its fake runs are not repeated."""
         self.cfg, self.nodes, self.gpus_per_node, self.gpu = cfg, nodes, gpus_per_node, gpu
         self.world = nodes * gpus_per_node
         self.tp = cfg.tp_config.tensor_parallel_degree if cfg.tp_config is not None else 1
@@ -117,10 +124,12 @@ class Planner:
         if self.ep > 1:
             layouts.check_expert_parallel(self.ep, cfg.fsdp_config, self.world, self.tp > 1)
         self.flops_per_token = model.flops_per_token(cfg.max_seq_len)
+        self.attention_flops_per_token = self.flops_per_token - model.flops_per_token(0)  # the part linear in seq
         self.state_per_param = plan_memory.STATE_PER_PARAM.get(cfg.optimizer.name, 2)
         if getattr(cfg.optimizer.settings, "amsgrad", False):
             self.state_per_param += 1
-        self.measured: dict = {} if measured is None else measured  # (micro, mode, dtype) -> runs
+        # (micro, mode, dtype), with TP also (degree, strategy) -> the fake runs
+        self.measured: dict = {} if measured is None else measured
 
     def _measure(self, micro: int, mode: str | None, dtype: torch.dtype):
         """The fake runs of 1 and 2 blocks, every block checkpointed by ``mode`` (None, full or selective_op)."""
@@ -136,14 +145,19 @@ class Planner:
         replicated); the meta model's without TP."""
         if self.tp == 1:
             return float(self.n_params), float(self.block_params), float(self.root_params)
-        runs = self._measure(micro, mode, dtype)
+        runs = self._measure(micro, _uniform(mode), dtype)
         block = float(runs[1].params - runs[0].params) if len(runs) == 2 else self.block_params / self.tp
         root = runs[0].params - block
         return root + self.layers * block, block, root
 
     def _comm_per_microbatch(self, micro: int, mode: str | None, dtype: torch.dtype) -> float:
         """Bytes one rank moves in the tensor-parallel collectives of one microbatch's forward and backward, as the
-        fake runs counted them (extrapolated in blocks)."""
+        fake runs counted them (extrapolated in blocks). selective_layer_N: the uncheckpointed run's traffic plus
+        the recompute of its k = L // N checkpointed blocks (k / L of what full checkpointing adds)."""
+        kind, every = parse_checkpointing_mode(mode) if mode is not None else (None, 1)
+        if kind == "selective_layer":
+            none, full = (self._comm_per_microbatch(micro, m, dtype) for m in (None, "full"))
+            return none + (self.layers // every) / max(1, self.layers) * (full - none)
         runs = self._measure(micro, mode, dtype)
         return float(runs[0].comm + (self.layers - 1) * (runs[1].comm - runs[0].comm) if len(runs) == 2 else
                      runs[0].comm)
@@ -195,7 +209,7 @@ class Planner:
         """(what FSDP2 holds unsharded in forward/backward, the peak of the backward's reduce-scatters) in bytes.
 
         A block's parts: with expert parallelism its experts (``experts / ep`` of them per rank) are sharded over
-        the edp ranks, the rest over the whole shard group. A part whose group has one rank (NO_SHARD, TP with one
+        the edp = world / ep ranks (layouts.ep_mesh, whatever the strategy), the rest over the shard group. A part whose group has one rank (NO_SHARD, TP with one
         data-parallel group, experts with edp = 1) runs no collective: it is still computed in unsharded copies,
         but nothing is prefetched. Each block's backward ends in a reduce-scatter: its unsharded gradients (param
         dtype) are copied into the input (reduce dtype, the whole block), then freed; the output is the block's
@@ -205,7 +219,7 @@ class Planner:
         experts = self.block_experts / self.ep
         rest = block - self.block_experts  # before TP splits it: TP and EP do not combine (layouts.py)
         unsharded = rest + experts
-        edp = max(1, shard // self.ep)
+        edp = self.world // self.ep
         collective = (rest if shard > 1 else 0.0) + (experts if edp > 1 else 0.0)
         sharded_block = rest / shard + experts / edp
         if choice.strategy in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2") or fsdp.reshard_after_forward is False:
@@ -272,7 +286,8 @@ class Planner:
             pdt = rdt = weight_dtype(cfg.precision)
         pb, rb = _bytes(pdt), _bytes(rdt)
         n_local, block, root = self._local_params(choice.micro, choice.checkpointing, pdt)
-        params = n_local / shard * wb
+        experts = self.layers * self.block_experts  # expert parallelism: sharded over all ranks (ep x edp)
+        params = ((n_local - experts) / shard + experts / self.world) * wb
         grads = params
         optimizer = self.state_per_param * params
         acts, grads_early, opt_temp = self._extrapolated(choice.micro, choice.checkpointing, pdt)
@@ -304,52 +319,61 @@ class Planner:
                est: Estimate) -> Estimate:
         cfg, gpu, pb = self.cfg, self.gpu, _bytes(pdt)
         n_local, _, _ = self._local_params(choice.micro, choice.checkpointing, pdt)
+        experts = self.layers * self.block_experts  # expert parallelism: every expert's parameters
         micros = math.ceil(self.device_batch / choice.micro)
         tokens_gpu = self.device_batch * cfg.max_seq_len  # a TP group's ranks share their tokens
-        flops = self.flops_per_token * tokens_gpu / self.tp
+        flops = self._rank_flops_per_token(n_local) * tokens_gpu
         flops *= 1 + recompute  # what activation checkpointing recomputes (recompute_share)
         compute_s = flops / (gpu.bf16_flops * matmul_efficiency(getattr(cfg.model.settings, "d_model", 4096)))
-        # HBM: weights read in forward and twice in backward per microbatch, activations written and read, the
-        # optimizer reading and writing parameters, gradients and state
-        hbm = micros * (3 * n_local * pb + 2 * est.activations)
+        # HBM: weights read in forward and twice in backward per microbatch (a rank's own experts), activations
+        # written and read, the optimizer reading and writing parameters, gradients and state
+        hbm = micros * (3 * (n_local - experts + experts / self.ep) * pb + 2 * est.activations)
         hbm += 2 * (est.params + est.grads + est.optimizer)
         compute_s = max(compute_s, hbm / gpu.hbm_bytes_per_s)
         comm: dict[str, float] = {}
         seconds: list[float] = []  # each collective at its own group's bandwidth
+        regather = choice.strategy not in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2")
+        passes = (2 if regather else 1) * pb + rb  # bytes per gathered element: all-gathers, then a reduce-scatter
+        dense = n_local - experts  # sharded over the shard group; with expert parallelism the experts over edp
         if shard > 1:
-            # expert parallelism: FSDP2 shards the experts over the edp ranks only (shard / ep of them), each rank
-            # gathering its own experts; the rest of the model over every rank of the shard group
-            experts = self.layers * self.block_experts
-            edp = max(1, shard // self.ep)
-            gathered = (n_local - experts) * (shard - 1) / shard + experts / self.ep * (edp - 1) / edp
-            regather = choice.strategy not in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2")
+            gathered = dense * (shard - 1) / shard
             # FSDP2 reshards after every backward, so even SHARD_GRAD_OP gathers again in each microbatch's forward
             comm["fsdp all-gather (forward)"] = micros * gathered * pb
             comm["fsdp all-gather (backward)"] = micros * gathered * pb if regather else 0.0
             comm["fsdp reduce-scatter"] = micros * gathered * rb  # after every microbatch (gradient_sync)
-            fsdp_bytes = sum(comm.values())
-            seconds.append(fsdp_bytes / self._ring_bytes_per_s(shard * self.tp))  # a shard group: its dp ranks
+            seconds.append(micros * gathered * passes / self._ring_bytes_per_s(shard * self.tp))  # its dp ranks
             replicas = self.world // self.tp // shard
             if replicas > 1:  # one all-reduce per position in the shard group, each over its own GPU's link
-                comm["replica all-reduce (hybrid)"] = 2 * n_local / shard * rb * (replicas - 1) / replicas
+                comm["replica all-reduce (hybrid)"] = 2 * dense / shard * rb * (replicas - 1) / replicas
                 seconds.append(comm["replica all-reduce (hybrid)"] / self._ring_bytes_per_s(self.world, one_nic=True))
         elif self.world // self.tp > 1:
-            comm["gradient all-reduce"] = 2 * n_local * rb * (self.world // self.tp - 1) / (self.world // self.tp)
+            dp = self.world // self.tp
+            comm["gradient all-reduce"] = 2 * dense * rb * (dp - 1) / dp
             seconds.append(comm["gradient all-reduce"] / self._ring_bytes_per_s(self.world))
+        edp = self.world // self.ep
+        if experts and edp > 1:  # the experts' own FSDP2 group: the edp ranks holding the same experts, one in every
+            # ep ranks, so it spans the whole world whatever the strategy (layouts.ep_mesh)
+            gathered = experts / self.ep * (edp - 1) / edp
+            comm["fsdp experts (all-gathers, reduce-scatter)"] = micros * gathered * passes
+            seconds.append(comm["fsdp experts (all-gathers, reduce-scatter)"] / self._ring_bytes_per_s(self.world))
         # tensor and expert parallelism's collectives sit between a block's matmuls, which wait for them: exposed
         blocking = 0.0
         if self.tp > 1:  # what the plan's DTensors ran in the fake runs (all-reduces; with block, gathers/scatters)
             comm["tensor-parallel collectives"] = micros * self._comm_per_microbatch(choice.micro,
                                                                                       choice.checkpointing, pdt)
             blocking = comm["tensor-parallel collectives"] / self._ring_bytes_per_s(self.tp)
-        if self.ep > 1:  # each MoE layer sends its routed rows out and back, in forward and backward; the rows for
-            # other ranks' experts, (ep - 1) / ep of them with a balanced router (measured routing is data-dependent)
+        if self.ep > 1:  # each MoE layer sends its routed rows out and back in forward and backward, and again in
+            # the forward a checkpointed block recomputes; the rows for other ranks' experts, (ep - 1) / ep of them
+            # with a balanced router (routing is data-dependent: not run on fake tensors)
             f = cfg.model.settings.ffn_config
             act = _bytes(low_dtype(cfg.precision) or pdt)
             rows = choice.micro * cfg.max_seq_len * f.moe_top_k
-            comm["expert-parallel all-to-all"] = (micros * self.layers * 4 * rows * cfg.model.settings.d_model * act
-                                                  * (self.ep - 1) / self.ep)
-            blocking += comm["expert-parallel all-to-all"] / self._ring_bytes_per_s(self.ep)
+            exchanges = 4 + 2 * self._recomputed_blocks(choice.checkpointing) / max(1, self.layers)
+            comm["expert-parallel all-to-all"] = (micros * self.layers * exchanges * rows * cfg.model.settings.d_model
+                                                  * act * (self.ep - 1) / self.ep)
+            # across nodes each GPU's rows leave through its own NIC
+            blocking += comm["expert-parallel all-to-all"] / self._ring_bytes_per_s(
+                self.ep, one_nic=self.ep > self.gpus_per_node)
         comm_s = sum(seconds)  # FSDP2's and data parallelism's, overlapping the blocks' compute
         exposed = max(0.0, comm_s - compute_s) + comm_s / max(1, 2 * self.layers) + blocking
         opt_s = 2 * (est.params + est.grads + est.optimizer) / gpu.hbm_bytes_per_s
@@ -362,6 +386,25 @@ class Planner:
         est.tokens_per_step = cfg.global_train_batch_size * cfg.max_seq_len
         est.steps = self.steps()
         return est
+
+    def _recomputed_blocks(self, mode: str | None) -> int:
+        """Blocks whose forward the backward runs again (every one with full or selective_op; L // N with
+        selective_layer_N)."""
+        if mode is None:
+            return 0
+        kind, every = parse_checkpointing_mode(mode)
+        return self.layers // every if kind == "selective_layer" else self.layers
+
+    def _rank_flops_per_token(self, n_local: float) -> float:
+        """Training FLOPs one rank computes per token of its TP group's batch: with tensor parallelism only what
+        the plan splits is divided (the rank's share of the matmul parameters, from the fake runs' counts:
+        embeddings, head and, with ``ffn``, attention's projections stay whole; attention's scores split by head
+        with ``block`` only)."""
+        if self.tp == 1:
+            return self.flops_per_token
+        weights = self.flops_per_token - self.attention_flops_per_token
+        split_heads = self.cfg.tp_config.strategy == "block"
+        return weights * n_local / self.n_params + self.attention_flops_per_token / (self.tp if split_heads else 1)
 
     def _ring_bytes_per_s(self, span: int, one_nic: bool = False) -> float:
         """Bus bandwidth of a ring collective over ``span`` consecutive ranks: NVLink within a node. Across nodes
@@ -394,78 +437,3 @@ def recipe_choice(cfg) -> Choice:
         raise ConfigError("device_train_microbatch_size: auto is searched on the GPUs; plan needs a number")
     mode = fsdp.activation_checkpointing_mode if fsdp is not None and fsdp.activation_checkpointing else None
     return Choice(micro=int(micro), checkpointing=mode, strategy=fsdp.sharding_strategy if fsdp is not None else None)
-
-
-def checkpointing_candidates(planner: Planner, c: Choice) -> list[tuple[str, Choice]]:
-    """The other activation checkpointing settings, as the overrides that choose them."""
-    fsdp = planner.cfg.fsdp_config
-    if fsdp is None:
-        return []
-    on = "" if c.checkpointing else "fsdp_config.activation_checkpointing=true "
-    out = []
-    if c.checkpointing is not None:
-        out.append(("fsdp_config.activation_checkpointing=false", dataclasses.replace(c, checkpointing=None)))
-    if c.checkpointing != "full":
-        mode = "" if c.checkpointing is None else "fsdp_config.activation_checkpointing_mode=full"
-        out.append(((on + mode).strip(), dataclasses.replace(c, checkpointing="full")))
-    if c.checkpointing != "selective_op":
-        # the per-op policy needs the non-reentrant implementation (activation_ckpt.checkpoint_modules)
-        plain = " fsdp_config.activation_checkpointing_reentrant=false" if fsdp.activation_checkpointing_reentrant else ""
-        out.append((f"{on}fsdp_config.activation_checkpointing_mode=selective_op{plain}",
-                    dataclasses.replace(c, checkpointing="selective_op")))
-    return out
-
-
-def tensor_parallel_candidates(planner: Planner, c: Choice, fits: bool) -> list[tuple[str, Choice, Planner]]:
-    """Half and twice the recipe's TP degree (twice: within a node; without tp_config, 2 only when the recipe does
-    not fit), each a Planner of its own sharing the fake runs: a degree the model or the layout cannot take (heads,
-    FFN width, world size, fsdp_config) is left out, as the trainer would refuse it."""
-    cfg = planner.cfg
-    tp = cfg.tp_config if cfg.tp_config is not None else TPConfig()
-    degree = tp.tensor_parallel_degree
-    options = [degree // 2] if degree > 1 else []
-    if (degree > 1 or not fits) and degree * 2 <= planner.gpus_per_node and planner.world % (degree * 2) == 0:
-        options.append(degree * 2)
-    out = []
-    for new in options:
-        changed = dataclasses.replace(cfg, tp_config=dataclasses.replace(tp, tensor_parallel_degree=new))
-        try:
-            other = Planner(changed, planner.nodes, planner.gpus_per_node, planner.gpu, planner.measured)
-        except ConfigError:
-            continue
-        out.append((f"tp_config.tensor_parallel_degree={new}", c, other))
-    return out
-
-
-def proposals(planner: Planner, base: Estimate, candidates: list | None = None) -> list[tuple[str, Estimate]]:
-    """Changes that make the recipe fit, or run faster while fitting; each is a full estimate. ``candidates``: the
-    changes to check (the override that makes each, its choice, optionally the Planner of a changed recipe); by
-    default every kind plan knows, below."""
-    if candidates is not None:
-        return _checked(planner, base, candidates)
-    c = base.choice
-    candidates = checkpointing_candidates(planner, c)
-    for micro in (c.micro // 2, c.micro * 2):
-        if 1 <= micro <= planner.device_batch and planner.device_batch % micro == 0 and micro != c.micro:
-            candidates.append((f"device_train_microbatch_size={micro}", dataclasses.replace(c, micro=micro)))
-    if c.strategy == "SHARD_GRAD_OP":
-        candidates.append(("fsdp_config.sharding_strategy=FULL_SHARD", dataclasses.replace(c, strategy="FULL_SHARD")))
-    elif c.strategy == "FULL_SHARD" and planner.world > planner.gpus_per_node:
-        candidates.append(("fsdp_config.sharding_strategy=HYBRID_SHARD",
-                           dataclasses.replace(c, strategy="HYBRID_SHARD")))
-    candidates += tensor_parallel_candidates(planner, c, base.fits)
-    return _checked(planner, base, candidates)
-
-
-def _checked(planner: Planner, base: Estimate, candidates: list) -> list[tuple[str, Estimate]]:
-    """The candidates that make the recipe fit, or keep it fitting and are faster, fastest first."""
-    out: list[tuple[str, Estimate]] = []
-    for change, choice, *other in candidates:
-        try:
-            est = (other[0] if other else planner).estimate(choice)
-        except ConfigError:
-            continue
-        if (not base.fits and est.fits) or (est.fits and est.step_s < base.step_s * 0.98):
-            out.append((change, est))
-    out.sort(key=lambda item: (not item[1].fits, item[1].step_s))
-    return out

@@ -3,7 +3,8 @@ max_duration, and the proposals (each an estimate of its own)."""
 
 from __future__ import annotations
 
-from llmfoundry.train.plan import Estimate, Planner, proposals, recipe_choice
+from llmfoundry.train.plan import Estimate, Planner, recipe_choice
+from llmfoundry.train.plan_proposals import proposals
 from llmfoundry.train.plan_hardware import GIB, GPUS
 
 

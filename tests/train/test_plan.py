@@ -181,7 +181,8 @@ def test_each_checkpointing_mode_is_estimated_and_proposed(mds_root, tokenizer_d
     as every MPT recipe at its scale is (docs/plan-table.md)."""
     import dataclasses
 
-    from llmfoundry.train.plan import Choice, Planner, checkpointing_candidates, proposals
+    from llmfoundry.train.plan import Choice, Planner
+    from llmfoundry.train.plan_proposals import checkpointing_candidates, proposals
     from llmfoundry.train.plan_hardware import GPUS
     from llmfoundry.train.plan_report import table
 
@@ -302,7 +303,8 @@ def test_a_recipe_that_does_not_fit_is_offered_tensor_parallelism(mds_root, toke
     only 1 is)."""
     import dataclasses
 
-    from llmfoundry.train.plan import Planner, proposals, recipe_choice, tensor_parallel_candidates
+    from llmfoundry.train.plan import Planner, recipe_choice
+    from llmfoundry.train.plan_proposals import proposals, tensor_parallel_candidates
     from llmfoundry.train.plan_hardware import GPUS
 
     recipe = memory_recipe(mds_root, tokenizer_dir, tmp_path, "tiny", None, 8)
@@ -323,3 +325,70 @@ def test_a_recipe_that_does_not_fit_is_offered_tensor_parallelism(mds_root, toke
     block = validate({**tensor_parallel_recipe(recipe, "block"), "global_train_batch_size": 32}, TrainConfig)
     offered = tensor_parallel_candidates(Planner(block, 1, 8, small, {}), choice, fits=False)
     assert [change for change, *_ in offered] == ["tp_config.tensor_parallel_degree=1"]
+
+
+def twelve_blocks(**changes) -> dict:
+    """A tiny recipe of 12 blocks (no ALiBi, q/k/v unfused: TP's block strategy takes it), 2 samples a microbatch."""
+    recipe = {"max_seq_len": 64, "tokenizer": {"name": "gpt2"},
+              "model": {"name": "mpt_causal_lm", "d_model": 64, "n_heads": 2, "n_layers": 12, "expansion_ratio": 4,
+                        "max_seq_len": 64, "vocab_size": 512,
+                        "attn_config": {"attn_impl": "sdpa", "fused_qkv": False, "alibi": False}},
+              "train_loader": {"name": "text", "dataset": {"local": "unused", "split": "train", "max_seq_len": 64}},
+              "optimizer": {"name": "decoupled_adamw", "lr": 1e-3}, "max_duration": "2ba",
+              "global_train_batch_size": 4, "device_train_microbatch_size": 2, "precision": "fp32",
+              "fsdp_config": {"sharding_strategy": "FULL_SHARD"}}
+    recipe.update(changes)
+    return recipe
+
+
+def test_selective_layer_tensor_parallel_traffic_recomputes_only_its_checkpointed_blocks():
+    """selective_layer_2 on 12 blocks recomputes 6 of them (activation_ckpt.py): its TP traffic is the uncheckpointed
+    run's plus 6 blocks' recompute, i.e. halfway between none and full. The commit measures 1 and 2 blocks with the
+    selective_layer mode itself (1 block: none checkpointed, 2 blocks: the second) would extrapolate the difference
+    as if every block were checkpointed."""
+    from llmfoundry.train.plan import Planner
+    from llmfoundry.train.plan_hardware import GPUS
+
+    cfg = validate(twelve_blocks(tp_config={"tensor_parallel_degree": 2, "strategy": "block"}), TrainConfig)
+    planner = Planner(cfg, 1, 2, GPUS["h100"], {})
+    none, full = (planner._comm_per_microbatch(2, mode, torch.float32) for mode in (None, "full"))
+    assert full > none
+    per_block = (full - none) / 12
+    for every in (2, 3, 12):
+        expected = none + (12 // every) * per_block
+        got = planner._comm_per_microbatch(2, f"selective_layer_{every}", torch.float32)
+        assert abs(got - expected) <= 1e-6 * expected, (every, got, expected)
+
+
+def test_expert_parallel_experts_are_sharded_over_edp_whatever_the_strategy():
+    """layouts.ep_mesh is (world / ep, ep) whatever fsdp_config says: parallel.apply_fsdp shards each block's experts
+    over all world / ep edp ranks, the rest over the strategy's shard group. On 2 nodes x 2 GPUs, ep = 2, HYBRID_SHARD
+    (shard 2): a rank holds (n - E) / 2 + E / 4 parameters (not n / 2, as edp = shard // ep would give)."""
+    from llmfoundry.train.plan import Planner, recipe_choice
+    from llmfoundry.train.plan_hardware import GPUS
+
+    ffn = {"ffn_type": "mb_dmoe", "ffn_hidden_size": 128, "moe_num_experts": 4, "moe_top_k": 2, "moe_world_size": 2}
+    recipe = twelve_blocks(fsdp_config={"sharding_strategy": "HYBRID_SHARD"}, global_train_batch_size=8)
+    recipe["model"] = {**recipe["model"], "n_layers": 2, "ffn_config": ffn}
+    cfg = validate(recipe, TrainConfig)
+    planner = Planner(cfg, 2, 2, GPUS["h100"], {})
+    est = planner.estimate(recipe_choice(cfg))
+    experts = planner.layers * planner.block_experts
+    expected = ((planner.n_params - experts) / 2 + experts / 4) * 4  # fp32 bytes
+    assert abs(est.params - expected) <= 1e-6 * expected, (est.params, expected)
+
+
+def test_a_tensor_parallel_rank_computes_only_what_its_plan_splits():
+    """FLOPs per token of one TP rank (degree 2): ffn leaves attention's projections and scores whole on every rank,
+    block splits them by head; embeddings and head stay whole with either."""
+    from llmfoundry.train.plan import Planner
+    from llmfoundry.train.plan_hardware import GPUS
+
+    flops = {}
+    for strategy in ("ffn", "block"):
+        cfg = validate(twelve_blocks(tp_config={"tensor_parallel_degree": 2, "strategy": strategy}), TrainConfig)
+        planner = Planner(cfg, 1, 2, GPUS["h100"], {})
+        n_local, _, _ = planner._local_params(2, None, torch.float32)
+        flops[strategy] = planner._rank_flops_per_token(n_local)
+    whole = planner.flops_per_token
+    assert whole / 2 < flops["block"] < flops["ffn"] < whole, (flops, whole)
