@@ -44,3 +44,17 @@ def host_sums(values: list, dtype: torch.dtype = torch.int64) -> list:
     with dist.collective("all_reduce (sum) of host numbers"):
         tdist.all_reduce(tensor, op=tdist.ReduceOp.SUM, group=host_group())
     return tensor.tolist()
+
+
+def batch_sums(local_tokens: int, callbacks: list, state) -> dict[str, float]:
+    """A batch's host numbers summed over every rank in one collective: this rank's token count ("tokens") and what
+    each callback asks for (``Callback.host_numbers``: speed_monitor's FLOPs). float64 sums: token counts stay
+    exact below 2**53."""
+    numbers = {"tokens": float(local_tokens)}
+    for callback in callbacks:
+        for name, value in callback.host_numbers(state).items():
+            if name in numbers:
+                raise ValueError(f"{type(callback).__name__}.host_numbers: '{name}' is already summed this batch "
+                                 "(name the numbers after the callback)")
+            numbers[name] = float(value)
+    return dict(zip(numbers, host_sums(list(numbers.values()), torch.float64)))

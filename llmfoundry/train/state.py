@@ -97,6 +97,8 @@ class TrainState:
     # the step's metrics so far (what the hooks extend): device tensors and train.step_metrics.Derived values stay
     # unread until a log interval; float(value) reads one now (a device sync: only where a callback must decide)
     metrics: dict[str, Any] = field(default_factory=dict)
+    # this batch's sums over ranks of the trainer's and the callbacks' host numbers (Callback.host_numbers), by name
+    host_sums: dict[str, float] = field(default_factory=dict)
     restored_from: str | None = None  # the checkpoint the run started from
     _services: RunServices | None = field(default=None, repr=False)  # the trainer; callbacks use the methods
     _end: int = field(default=0, repr=False)

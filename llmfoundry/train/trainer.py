@@ -350,7 +350,8 @@ class Trainer:
         self.time.batch += 1
         self.time.batch_in_epoch += 1
         self.time.sample += num_samples * self.data_share.size
-        self.time.token += host_sums.host_sum(local_tokens) // self.data_share.replication  # exact, no sync
+        self.state.host_sums = host_sums.batch_sums(local_tokens, self.callbacks, self.state)  # one collective
+        self.time.token += int(self.state.host_sums["tokens"]) // self.data_share.replication  # exact, no sync
         self._estimate_end()  # before the callbacks' on_batch_end, which may stop training here
         metrics.update(step_metrics.loss_metrics(loss, aux))  # a non-finite loss is warned of when it is read
         metrics.update(step_metrics.train_metrics(self.train_metrics, "metrics/train"))

@@ -256,3 +256,24 @@ def test_console_intervals_read_a_step_late_on_a_gpu_with_the_same_lines_and_val
     assert staged == list(range(1, 12))  # every console batch but the last (read at once)
     assert [line.replace("lag-2", "lag-1") for line in lagged] == at_once
     assert logged_lagged == logged_at_once and result_lagged == result_at_once
+
+
+def test_a_step_sums_its_host_numbers_in_one_collective(mds_root, tokenizer_dir, monkeypatch):
+    """The trainer's token count and speed_monitor's FLOPs (Callback.host_numbers) are summed over ranks in one host
+    collective per batch, not one each: at a thousand ranks each is a round trip of the gloo group."""
+    from llmfoundry.train import host_sums
+
+    calls: list[list[str]] = []
+    summed = host_sums.host_sums
+
+    def counted(values, dtype=torch.int64):
+        calls.append(list(values))
+        return summed(values, dtype)
+
+    monkeypatch.setattr(host_sums, "host_sums", counted)
+    recipe = tiny_recipe(mds_root, tokenizer_dir, max_duration="3ba", callbacks={"speed_monitor": {"window_size": 1}})
+    trainer = make_trainer(recipe)
+    trainer.fit()
+    assert len(calls) == 3 and all(len(values) == 2 for values in calls), calls
+    assert trainer.state.host_sums["speed_monitor/flops"] == calls[-1][1] > 0
+    assert trainer.state.host_sums["tokens"] == calls[-1][0] > 0

@@ -37,6 +37,13 @@ class Callback:
     def on_optimizer_step(self, state: TrainState, metrics: dict[str, Any]) -> None:
         """After the optimizer step, while the (clipped, unscaled) gradients are still there; not on skipped steps."""
 
+    def host_numbers(self, state: TrainState) -> dict[str, float]:
+        """Numbers this rank knows on the host (no device read) that the callback needs summed over every rank for
+        this batch, keyed by names of its own: the trainer sums them with its token count in one host collective
+        after the optimizer step, and ``on_batch_end`` finds the sums in ``state.host_sums``. Every rank must give
+        the same keys."""
+        return {}
+
     def on_batch_end(self, state: TrainState, metrics: dict[str, Any]) -> None: ...
 
     def on_eval_start(self, state: TrainState) -> None: ...

@@ -20,7 +20,6 @@ from llmfoundry.core.notices import notice_once
 from llmfoundry.train.callbacks.base import Callback
 from llmfoundry.train.callbacks.settings import SECONDS_PER_UNIT, SpeedMonitorSettings
 from llmfoundry.train.state import TrainState
-from llmfoundry.train.host_sums import host_sum
 
 # Dense peak FLOP/s per device family and trainer precision, as Composer's table has them (datasheets' sparse
 # figures halved). fp32 is plain fp32, not TF32. amp_fp8's MFU is against the float8 peak, as Composer reports it
@@ -120,19 +119,18 @@ class SpeedMonitor(Callback):
         self.clock = WallClock()
         self.flops_so_far = 0.0
 
-    def _batch_flops(self, state: TrainState) -> float:
-        """Model FLOPs of this step's global batch: every rank's input_ids size times FLOPs per token (the ranks of a
-        tensor-parallel group compute one batch together: it counts once). From shapes, summed over ranks on the
-        host: no device sync."""
+    def host_numbers(self, state: TrainState) -> dict[str, float]:
+        """This rank's model FLOPs of the step: its input_ids size times FLOPs per token, from shapes (no device
+        sync); the trainer sums them over ranks with its token count."""
         ids = state.batch["input_ids"]
         seq_len = ids.shape[1]
         if seq_len not in self.flops_per_token:
             self.flops_per_token[seq_len] = float(state.model.flops_per_token(seq_len))
-        local = self.flops_per_token[seq_len] * ids.numel()
-        return host_sum(local, torch.float64) / state.data_share.replication
+        return {"speed_monitor/flops": self.flops_per_token[seq_len] * ids.numel()}
 
     def on_batch_end(self, state: TrainState, metrics):
-        self.flops_so_far += self._batch_flops(state)  # a collective: every rank, every batch
+        # the ranks of a tensor-parallel group compute one batch together: it counts once
+        self.flops_so_far += state.host_sums["speed_monitor/flops"] / state.data_share.replication
         train_seconds = self.clock.batch_end()
         self.window.append((train_seconds, state.time.sample, state.time.token, self.flops_so_far))
         if len(self.window) == self.window.maxlen:
