@@ -52,7 +52,8 @@ def batch_sums(local_tokens: int, callbacks: list, state) -> dict[str, float]:
     exact below 2**53."""
     numbers = {"tokens": float(local_tokens)}
     for callback in callbacks:
-        for name, value in callback.host_numbers(state).items():
+        ask = getattr(callback, "host_numbers", None)  # callbacks written against the events alone have none
+        for name, value in ((ask(state) if ask is not None else None) or {}).items():
             if name in numbers:
                 raise ValueError(f"{type(callback).__name__}.host_numbers: '{name}' is already summed this batch "
                                  "(name the numbers after the callback)")
