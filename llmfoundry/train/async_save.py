@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from torch.distributed.tensor import DTensor
 
 from llmfoundry.core import dist
 from llmfoundry.core.errors import ConfigError
@@ -48,12 +47,8 @@ CUT_OFF_S = 5.0
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
-
-
 def _parameter_storages(model: torch.nn.Module) -> set[int]:
-    return {_local(p).untyped_storage().data_ptr() for p in model.parameters()}
+    return {dist.local_tensor(p).untyped_storage().data_ptr() for p in model.parameters()}
 
 
 def _free_port() -> int:
@@ -137,7 +132,7 @@ class StagingArea:
         self.sent = False  # the writer has this region's descriptor
 
     def place(self, tensors: list[torch.Tensor]) -> list[int]:
-        offsets = wire.layout([_local(t) for t in tensors])
+        offsets = wire.layout([dist.local_tensor(t) for t in tensors])
         if self.region is None or offsets != self.offsets:
             self.close()
             self.region, self.offsets, self.sent = wire.SharedRegion(offsets[-1]), offsets, False
@@ -146,7 +141,7 @@ class StagingArea:
         return offsets
 
     def copy(self, offset: int, tensor: torch.Tensor) -> torch.Tensor:
-        local = _local(tensor).detach()
+        local = dist.local_tensor(tensor).detach()
         buffer = self.region.view(offset, local.dtype, tuple(local.shape))
         buffer.copy_(local, non_blocking=self.region.pinned and local.is_cuda)
         return buffer
@@ -197,7 +192,7 @@ class AsyncSaver:
         tree = {"state": {"model": model_tree, **{k: wire.split(v, tensors) for k, v in live.state.items()
                                                   if k != "model"}}, "full": wire.split(live.full, tensors)}
         offsets = self._area.place(tensors)
-        later = {i for i, t in enumerate(tensors) if _local(t).untyped_storage().data_ptr() in params
+        later = {i for i, t in enumerate(tensors) if dist.local_tensor(t).untyped_storage().data_ptr() in params
                  or i >= model_slots}  # optimizer state too: only an optimizer step changes it
         now = {i: self._area.copy(offsets[i], t) for i, t in enumerate(tensors) if i not in later}
         if self._stream is not None:

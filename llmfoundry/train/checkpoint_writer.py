@@ -145,7 +145,7 @@ def describe(tensor: torch.Tensor, offset: int, meshes: dict[int, tuple]) -> tup
     """What the writer needs to rebuild ``tensor`` from the region: offset, dtype, local shape and, for a DTensor,
     its mesh (global ranks), placements and global shape and stride. ``meshes``: each mesh's ranks and names by the
     mesh's id, filled as met (one snapshot's tensors share a few meshes; reading one's ranks costs ~0.3 ms)."""
-    local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    local = dist.local_tensor(tensor)
     mesh = None
     if isinstance(tensor, DTensor):
         m = tensor.device_mesh

@@ -121,6 +121,7 @@ class Planner:
         self.ep = ep_plan.degree if ep_plan is not None else 1
         self.block_experts = max((sum(p.numel() for m in ep_plan.expert_modules(b) for p in m.parameters())
                                   for b in blocks), default=0) if ep_plan is not None else 0
+        self.experts = self.layers * self.block_experts  # every expert's parameters, sharded over all ranks
         if self.ep > 1:
             layouts.check_expert_parallel(self.ep, cfg.fsdp_config, self.world, self.tp > 1)
         self.flops_per_token = model.flops_per_token(cfg.max_seq_len)
@@ -154,10 +155,9 @@ class Planner:
         """Bytes one rank moves in the tensor-parallel collectives of one microbatch's forward and backward, as the
         fake runs counted them (extrapolated in blocks). selective_layer_N: the uncheckpointed run's traffic plus
         the recompute of its k = L // N checkpointed blocks (k / L of what full checkpointing adds)."""
-        kind, every = parse_checkpointing_mode(mode) if mode is not None else (None, 1)
-        if kind == "selective_layer":
+        if _uniform(mode) != mode:
             none, full = (self._comm_per_microbatch(micro, m, dtype) for m in (None, "full"))
-            return none + (self.layers // every) / max(1, self.layers) * (full - none)
+            return none + self._recomputed_blocks(mode) / max(1, self.layers) * (full - none)
         runs = self._measure(micro, mode, dtype)
         return float(runs[0].comm + (self.layers - 1) * (runs[1].comm - runs[0].comm) if len(runs) == 2 else
                      runs[0].comm)
@@ -209,12 +209,13 @@ class Planner:
         """(what FSDP2 holds unsharded in forward/backward, the peak of the backward's reduce-scatters) in bytes.
 
         A block's parts: with expert parallelism its experts (``experts / ep`` of them per rank) are sharded over
-        the edp = world / ep ranks (layouts.ep_mesh, whatever the strategy), the rest over the shard group. A part whose group has one rank (NO_SHARD, TP with one
-        data-parallel group, experts with edp = 1) runs no collective: it is still computed in unsharded copies,
-        but nothing is prefetched. Each block's backward ends in a reduce-scatter: its unsharded gradients (param
-        dtype) are copied into the input (reduce dtype, the whole block), then freed; the output is the block's
-        share. Two moments: block 1's copy (block 0 prefetched, every later block's sharded gradients made) and
-        block 0's (its own activations first; nothing left to prefetch)."""
+        the edp = world / ep ranks (layouts.ep_mesh, whatever the strategy), the rest over the shard group. A part
+        whose group has one rank (NO_SHARD, TP with one data-parallel group, experts with edp = 1) runs no
+        collective: it is still computed in unsharded copies, but nothing is prefetched. Each block's backward ends
+        in a reduce-scatter: its unsharded gradients (param dtype) are copied into the input (reduce dtype, the
+        whole block), then freed; the output is the block's share. Two moments: block 1's copy (block 0
+        prefetched, every later block's sharded gradients made) and block 0's (its own activations first; nothing
+        left to prefetch)."""
         fsdp = self.cfg.fsdp_config
         experts = self.block_experts / self.ep
         rest = block - self.block_experts  # before TP splits it: TP and EP do not combine (layouts.py)
@@ -244,7 +245,7 @@ class Planner:
         if kind == "full":
             return 1 / 3  # the forward, a third of 6N, once more
         if kind == "selective_layer":
-            return (self.layers // every) / max(1, self.layers) / 3
+            return self._recomputed_blocks(mode) / max(1, self.layers) / 3
         # selective_op: what the per-op policy recomputes, counted on the fake runs (FlopCounterMode): per block, the
         # difference it makes to a block's FLOPs, against the uncheckpointed model's
         none, sel = self._measure(micro, None, dtype), self._measure(micro, mode, dtype)
@@ -286,8 +287,7 @@ class Planner:
             pdt = rdt = weight_dtype(cfg.precision)
         pb, rb = _bytes(pdt), _bytes(rdt)
         n_local, block, root = self._local_params(choice.micro, choice.checkpointing, pdt)
-        experts = self.layers * self.block_experts  # expert parallelism: sharded over all ranks (ep x edp)
-        params = ((n_local - experts) / shard + experts / self.world) * wb
+        params = ((n_local - self.experts) / shard + self.experts / self.world) * wb
         grads = params
         optimizer = self.state_per_param * params
         acts, grads_early, opt_temp = self._extrapolated(choice.micro, choice.checkpointing, pdt)
@@ -309,17 +309,15 @@ class Planner:
                                                 held, accumulating, block_acts)
             peak = max(params + optimizer + acts + held + gathered, late, params + optimizer + grads + opt_temp)
         recompute = self.recompute_share(choice.micro, choice.checkpointing, pdt)
-        return self._timed(choice, shard, pdt, rb, recompute, Estimate(
+        return self._timed(choice, shard, n_local, pdt, rb, recompute, Estimate(
             choice=choice, world=self.world, shard=shard, params=params, grads=grads, optimizer=optimizer,
             activations=acts, activations_other=other, grads_held=held, fsdp_gathered=gathered,
             optimizer_temp=opt_temp, peak=peak, memory=self.gpu.memory_bytes, comm_bytes={}, step_s=0.0,
             tok_per_s_gpu=0.0, mfu=0.0, steps=None, tokens_per_step=0))
 
-    def _timed(self, choice: Choice, shard: int, pdt: torch.dtype, rb: int, recompute: float,
+    def _timed(self, choice: Choice, shard: int, n_local: float, pdt: torch.dtype, rb: int, recompute: float,
                est: Estimate) -> Estimate:
-        cfg, gpu, pb = self.cfg, self.gpu, _bytes(pdt)
-        n_local, _, _ = self._local_params(choice.micro, choice.checkpointing, pdt)
-        experts = self.layers * self.block_experts  # expert parallelism: every expert's parameters
+        cfg, gpu, pb, experts = self.cfg, self.gpu, _bytes(pdt), self.experts
         micros = math.ceil(self.device_batch / choice.micro)
         tokens_gpu = self.device_batch * cfg.max_seq_len  # a TP group's ranks share their tokens
         flops = self._rank_flops_per_token(n_local) * tokens_gpu

@@ -34,17 +34,17 @@ import torch
 import torch.distributed as torch_dist
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.testing._internal.distributed.fake_pg import FakeStore  # also registers torch's "fake" backend
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from llmfoundry.core import precision as prec
+from llmfoundry.core.dist import local_tensor
 from llmfoundry.core.errors import ConfigError, first_line
-from llmfoundry.models.interface import hooks_of, label_offset
+from llmfoundry.models.interface import label_offset
 from llmfoundry.models.loss import TokenLoss
-from llmfoundry.train import parallel
+from llmfoundry.train import layouts, parallel
 from llmfoundry.train.activation_ckpt import checkpoint_modules
 from llmfoundry.train.builders import build_model, build_optimizer
 from llmfoundry.train.recipe import Component
@@ -177,10 +177,6 @@ def tensor_parallel_ranks(degree: int):
         torch_dist.destroy_process_group()
 
 
-def local_numel(param: torch.Tensor) -> int:
-    return param.to_local().numel() if isinstance(param, DTensor) else param.numel()
-
-
 def measure(cfg, micro: int, layers: int, mode: str | None, param_dtype: torch.dtype, fake: bool = True) -> Measured:
     """One training step of one fake microbatch (``micro`` x max_seq_len) for the recipe's model with ``layers``
     blocks, the second one (the optimizer state exists), tracked by torch's MemTracker
@@ -204,10 +200,7 @@ def _measure(cfg, micro: int, layers: int, mode: str | None, param_dtype: torch.
         checkpoint_modules(parallel.checkpoint_targets(model, model.blocks()), mode, reentrant=False)
     if tensor_parallel is not None:  # after checkpointing, as parallel.py applies them
         tp, mesh = tensor_parallel
-        plan = hooks_of(model).tensor_parallel
-        if plan is None:
-            raise ConfigError(f"tp_config: {type(model).__name__} declares no tensor-parallel plan")
-        plan.check(tp.tensor_parallel_degree, tp.strategy)
+        plan = layouts.check_tensor_parallel(model, tp, None, tp.tensor_parallel_degree)  # the trainer's checks
         plan.prepare_model(model, tp.tensor_parallel_degree, tp.strategy)
         for block in model.blocks():
             plan.parallelize_block(block, mesh, tp.strategy)
@@ -245,5 +238,5 @@ def _measure(cfg, micro: int, layers: int, mode: str | None, param_dtype: torch.
     activations, grads_at_peak = tracker.activation_peak
     return Measured(layers=layers, activations=activations, grads_at_peak=grads_at_peak,
                     optimizer_temp=max(0, optimizer_temp), saved=tracker.saved_peak,
-                    params=sum(local_numel(p) for p in model.parameters()), flops=counter.get_total_flops(),
+                    params=sum(local_tensor(p).numel() for p in model.parameters()), flops=counter.get_total_flops(),
                     comm=round(collectives.bytes))

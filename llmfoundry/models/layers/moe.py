@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from llmfoundry.core.dist import local_tensor
 from llmfoundry.core.errors import ConfigError
 from llmfoundry.models.layers.ffn import build_activation
 from llmfoundry.models.layers.init import init_module
@@ -115,12 +116,12 @@ class ExpertMLP(nn.Module):
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:  # x: (M, d) grouped by expert
         dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
         x = x.to(dtype)  # autocast does not cover _grouped_mm: cast as F.linear would
-        # _local: under expert parallelism (models/mpt/expert_parallel.py) the weights are split by expert across ranks
-        # and x holds the rows of this rank's experts; counts then has one entry per local expert
-        h = self.act(grouped_matmul(x, _local(self.w1).to(dtype).transpose(1, 2), counts, self.grouped))  # (M, h)
+        # local_tensor: under expert parallelism (models/mpt/expert_parallel.py) the weights are split by expert
+        # across ranks and x holds the rows of this rank's experts; counts then has one entry per local expert
+        h = self.act(grouped_matmul(x, local_tensor(self.w1).to(dtype).transpose(1, 2), counts, self.grouped))  # (M, h)
         if self.glu:
-            h = h * grouped_matmul(x, _local(self.v1).to(dtype).transpose(1, 2), counts, self.grouped)
-        return grouped_matmul(h, _local(self.w2).to(dtype), counts, self.grouped)  # (M, d)
+            h = h * grouped_matmul(x, local_tensor(self.v1).to(dtype).transpose(1, 2), counts, self.grouped)
+        return grouped_matmul(h, local_tensor(self.w2).to(dtype), counts, self.grouped)  # (M, d)
 
     def extra_repr(self) -> str:
         return f"experts={self.num_experts}, d_model={self.d_model}, hidden={self.hidden}, glu={self.glu}"
@@ -189,23 +190,19 @@ def init_experts(module: nn.Module, arch: Any) -> None:
     up_proj (fan-in d_model) and its w2 like a dense down_proj (fan-in ffn_hidden_size, scaled as a residual
     output), drawn through the same ``init_module`` as the dense layers; the output bias starts at zero."""
     if isinstance(module, Experts) and module.bias is not None:
-        nn.init.zeros_(_local(module.bias))
+        nn.init.zeros_(local_tensor(module.bias))
     if not isinstance(module, ExpertMLP):
         return
     for name in ("w1", "v1", "w2"):
         if not hasattr(module, name):
             continue
-        local = _local(getattr(module, name))  # FSDP2 shards dim 0: whole experts on each rank
+        local = local_tensor(getattr(module, name))  # FSDP2 shards dim 0: whole experts on each rank
         for e in range(local.shape[0]):
             dense = nn.Linear(*((module.hidden, module.d_model) if name == "w2" else (module.d_model, module.hidden)),
                               bias=False, device=local.device, dtype=local.dtype)
             dense._is_residual = name == "w2"
             init_module(dense, arch)
             local[e].copy_(dense.weight.T if name == "w2" else dense.weight)  # w2[e] is down_proj.weight.T
-
-
-def _local(p: torch.Tensor) -> torch.Tensor:
-    return p.to_local() if hasattr(p, "to_local") else p
 
 
 def expert_weight_from_llm_foundry(name: str, tensor: torch.Tensor, ffn_type: str | None, shape: Any,
